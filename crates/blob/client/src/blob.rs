@@ -1,0 +1,296 @@
+//! An open blob: tract reads and writes, size and extension.
+//!
+//! Durability contract: `write` returns `Ok` only after every replica of
+//! the tract's row (the first *r*, r = the blob's replication) has made the
+//! data durable. A failed `write` may have reached some replicas (FDS §3.5:
+//! the tract's content is then either old or new, possibly differing
+//! between replicas until it is written again).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use blizzard_core::crc::{first_bad_piece, piece_crcs};
+use blizzard_core::{BlobId, Incarnation, TractNo};
+use blizzard_proto::{BlobMeta, ErrorCode, ExtendMode, Reply, Request, TractAddr};
+
+use crate::client::{classify, Client, ClientError, Next};
+
+/// A handle on one blob. Cheap to clone; clones share the cached size.
+#[derive(Clone)]
+pub struct Blob {
+    client: Client,
+    meta: Arc<Mutex<BlobMeta>>,
+}
+
+impl Blob {
+    pub(crate) fn new(client: Client, meta: BlobMeta) -> Blob {
+        Blob { client, meta: Arc::new(Mutex::new(meta)) }
+    }
+
+    fn meta(&self) -> BlobMeta {
+        match self.meta.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        }
+    }
+
+    fn set_meta(&self, m: BlobMeta) {
+        let mut g = match self.meta.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        // Sizes only grow; never let a late reply shrink the cached size.
+        if m.version >= g.version {
+            *g = m;
+        }
+    }
+
+    pub fn id(&self) -> BlobId {
+        self.meta().blob
+    }
+
+    pub fn incarnation(&self) -> Incarnation {
+        self.meta().incarnation
+    }
+
+    pub fn replication(&self) -> u8 {
+        self.meta().replication
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The size in tracts as last seen by this handle.
+    pub fn size_tracts(&self) -> u64 {
+        self.meta().size_tracts
+    }
+
+    /// Asks the blob's metadata primary for the current size.
+    pub async fn refresh_size(&self) -> Result<u64, ClientError> {
+        let m = self.client.get_meta(self.id()).await?;
+        self.set_meta(m);
+        Ok(self.size_tracts())
+    }
+
+    /// Grows the blob by `n` tracts atomically and returns the new size; the
+    /// caller owns tracts `new - n .. new` (FDS's atomic append).
+    pub async fn extend_by(&self, n: u64) -> Result<u64, ClientError> {
+        self.extend(ExtendMode::By, n).await
+    }
+
+    /// Grows the blob to at least `n` tracts; returns the new size.
+    pub async fn extend_to(&self, n: u64) -> Result<u64, ClientError> {
+        self.extend(ExtendMode::To, n).await
+    }
+
+    async fn extend(&self, mode: ExtendMode, tracts: u64) -> Result<u64, ClientError> {
+        let blob = self.id();
+        let m = self
+            .client
+            .meta_call(blob, |row_version| Request::ExtendBlob { blob, row_version, mode, tracts })
+            .await
+            .map_err(|(e, _)| e)?;
+        self.set_meta(m);
+        Ok(m.size_tracts)
+    }
+
+    fn addr(&self, tract: u64, row_version: u64) -> TractAddr {
+        let m = self.meta();
+        TractAddr { blob: m.blob, incarnation: m.incarnation, tract: TractNo(tract as i64), row_version }
+    }
+
+    fn check(&self, offset: u32, len: usize) -> Result<(), ClientError> {
+        let ts = self.client.tract_size() as u64;
+        if len == 0 || offset as u64 + len as u64 > ts {
+            return Err(ClientError::Invalid(format!(
+                "range [{offset}, +{len}) is outside a {ts}-byte tract"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn check_size(&self, tract: u64) -> Result<(), ClientError> {
+        if tract < self.size_tracts() {
+            return Ok(());
+        }
+        // Another client may have extended it.
+        let size = self.refresh_size().await?;
+        if tract < size {
+            Ok(())
+        } else {
+            Err(ClientError::PastEnd { blob: self.id(), tract, size })
+        }
+    }
+
+    /// Writes `data` at `offset` inside tract `tract`. Returns once durable
+    /// on every replica.
+    pub async fn write(&self, tract: u64, offset: u32, data: Bytes) -> Result<(), ClientError> {
+        self.check(offset, data.len())?;
+        self.check_size(tract).await?;
+        let crcs = piece_crcs(offset, &data);
+        let r = self.replication() as usize;
+        let _permit = self.client.permit().await?;
+        let c = &self.client;
+        let attempts = c.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = c.tlt();
+            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
+            let req = Request::WriteTract { addr: self.addr(tract, row.version), offset, crcs: crcs.clone() };
+            let calls = row.members.iter().take(r).map(|&m| {
+                let addr = tlt.members[m as usize].addr.clone();
+                let req = &req;
+                let data = data.clone();
+                async move { c.inner.pool.call(&addr, req, data).await }
+            });
+            let results = futures::future::join_all(calls).await;
+            let mut next: Option<Next> = None;
+            for res in results {
+                let Err(e) = res else { continue };
+                last = e.to_string();
+                // The most decisive outcome wins: fail > refresh > back off.
+                next = Some(match (next, classify(&e)) {
+                    (Some(Next::Fail(f)), _) | (_, Next::Fail(f)) => Next::Fail(f),
+                    (Some(Next::Refresh), _) | (_, Next::Refresh) => Next::Refresh,
+                    _ => Next::Backoff,
+                });
+            }
+            match next {
+                None => return Ok(()),
+                Some(Next::Fail(e)) => return Err(e),
+                Some(Next::Refresh) => {
+                    c.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = c.refresh_tlt(tlt.version).await {
+                        last = e.to_string();
+                    }
+                    if attempt > 0 {
+                        c.backoff(attempt).await;
+                    }
+                }
+                Some(Next::Backoff) => c.backoff(attempt).await,
+            }
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+
+    /// Reads `len` bytes at `offset` of tract `tract` from one replica,
+    /// falling back to the others on error or CRC mismatch. Never-written
+    /// bytes read as zeros.
+    pub async fn read(&self, tract: u64, offset: u32, len: u32) -> Result<Bytes, ClientError> {
+        self.check(offset, len as usize)?;
+        self.check_size(tract).await?;
+        let r = self.replication() as usize;
+        let _permit = self.client.permit().await?;
+        let c = &self.client;
+        let attempts = c.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = c.tlt();
+            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
+            let req = Request::ReadTract { addr: self.addr(tract, row.version), offset, len };
+            let members: Vec<u32> = row.members.iter().take(r).copied().collect();
+            // Start at a random replica so reads spread over the row.
+            let start = c.env().random_below(members.len().max(1) as u64) as usize;
+            let mut stale = false;
+            let mut transient = false;
+            for i in 0..members.len() {
+                let m = members[(start + i) % members.len()];
+                let addr = &tlt.members[m as usize].addr;
+                if i > 0 {
+                    c.inner.stats.read_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
+                match c.inner.pool.call(addr, &req, Bytes::new()).await {
+                    Ok((Reply::Read { crcs }, data)) => {
+                        // End to end: verify what crossed the network
+                        // against the CRCs the writer computed.
+                        if data.len() == len as usize && first_bad_piece(offset, &data, &crcs).is_none() {
+                            return Ok(data);
+                        }
+                        last = format!("replica {addr} returned data that fails its CRC");
+                        tracing::warn!(blob = %self.id(), tract, %addr, "CRC mismatch on read; trying another replica");
+                    }
+                    Ok((other, _)) => last = format!("unexpected reply {other:?} from {addr}"),
+                    Err(e) => {
+                        last = e.to_string();
+                        match e.remote().map(|r| r.code) {
+                            Some(ErrorCode::StaleVersion) | Some(ErrorCode::NotOwner) => stale = true,
+                            Some(ErrorCode::Corrupt) | Some(ErrorCode::Io) | Some(ErrorCode::OutOfRange) => {}
+                            Some(ErrorCode::BadRequest) => {
+                                return Err(ClientError::Invalid(last));
+                            }
+                            _ => transient = true,
+                        }
+                    }
+                }
+            }
+            if stale {
+                c.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = c.refresh_tlt(tlt.version).await {
+                    last = e.to_string();
+                }
+                if attempt > 0 {
+                    c.backoff(attempt).await;
+                }
+            } else if transient {
+                if let Err(e) = c.refresh_tlt(tlt.version).await {
+                    last = e.to_string();
+                }
+                c.backoff(attempt).await;
+            } else {
+                // Every replica answered and none had it intact.
+                return Err(ClientError::NoIntactReplica { blob: self.id(), tract, last });
+            }
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+
+    /// Writes a whole tract.
+    pub async fn write_tract(&self, tract: u64, data: Bytes) -> Result<(), ClientError> {
+        if data.len() != self.client.tract_size() as usize {
+            return Err(ClientError::Invalid(format!(
+                "a whole tract is {} bytes, not {}",
+                self.client.tract_size(),
+                data.len()
+            )));
+        }
+        self.write(tract, 0, data).await
+    }
+
+    /// Reads a whole tract.
+    pub async fn read_tract(&self, tract: u64) -> Result<Bytes, ClientError> {
+        self.read(tract, 0, self.client.tract_size()).await
+    }
+
+    /// Frees a tract on every replica (used when deleting the blob).
+    pub(crate) async fn delete_tract(&self, tract: u64) -> Result<(), ClientError> {
+        let c = &self.client;
+        let r = self.replication() as usize;
+        let attempts = c.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = c.tlt();
+            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
+            let req = Request::DeleteTract { addr: self.addr(tract, row.version) };
+            let calls = row.members.iter().take(r).map(|&m| {
+                let addr = tlt.members[m as usize].addr.clone();
+                let req = &req;
+                async move { c.inner.pool.call(&addr, req, Bytes::new()).await }
+            });
+            let errs: Vec<_> =
+                futures::future::join_all(calls).await.into_iter().filter_map(|r| r.err()).collect();
+            if errs.is_empty() {
+                return Ok(());
+            }
+            last = errs[0].to_string();
+            if errs.iter().any(|e| matches!(classify(e), Next::Fail(_))) {
+                break;
+            }
+            let _ = c.refresh_tlt(tlt.version).await;
+            c.backoff(attempt).await;
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+}

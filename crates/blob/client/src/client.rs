@@ -1,0 +1,387 @@
+//! The client: the cached TLT, the connection pool, the simultaneous-request
+//! limit, and blob-level metadata calls to a row's primary.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use blizzard_core::tlt::Tlt;
+use blizzard_core::{BlobId, TractNo};
+use blizzard_env::Env;
+use blizzard_proto::{BlobMeta, ClusterStatus, ErrorCode, ErrorReply, Reply, Request};
+use blizzard_rpc::RpcError;
+
+use crate::blob::Blob;
+use crate::pool::Pool;
+
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The metadata server's address.
+    pub meta: String,
+    /// Deadline for one request to one server.
+    pub request_timeout: Duration,
+    /// Tract operations in flight at once (FDS's GetSimultaneousLimit).
+    pub simultaneous_limit: usize,
+    /// Attempts per operation across TLT refreshes and transient errors.
+    pub attempts: u32,
+    /// First pause between attempts; doubles up to `backoff_max`.
+    pub backoff: Duration,
+    pub backoff_max: Duration,
+    /// How long `connect` waits for the cluster to have a TLT.
+    pub connect_timeout: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(meta: impl Into<String>) -> Self {
+        ClientConfig {
+            meta: meta.into(),
+            request_timeout: Duration::from_secs(10),
+            simultaneous_limit: 64,
+            attempts: 12,
+            backoff: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    #[error("blob {0} does not exist")]
+    NoSuchBlob(BlobId),
+    #[error("blob {0} already exists")]
+    BlobExists(BlobId),
+    #[error("tract {tract} is past the end of blob {blob} ({size} tracts): extend the blob first")]
+    PastEnd { blob: BlobId, tract: u64, size: u64 },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("tractserver {addr} is full: {message}")]
+    DiskFull { addr: String, message: String },
+    #[error("tractserver {addr} refused the request: {reply}")]
+    Rejected { addr: String, reply: ErrorReply },
+    #[error("no replica could return tract {tract} of blob {blob} intact: {last}")]
+    NoIntactReplica { blob: BlobId, tract: u64, last: String },
+    #[error("gave up after {attempts} attempts: {last}")]
+    Unavailable { attempts: u32, last: String },
+    #[error("metadata server {addr}: {message}")]
+    Meta { addr: String, message: String },
+}
+
+/// Counters, mostly for tests and status output.
+#[derive(Default, Debug)]
+pub struct ClientStats {
+    pub tlt_fetches: AtomicU64,
+    pub stale_rejections: AtomicU64,
+    pub retries: AtomicU64,
+    pub read_fallbacks: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub env: Env,
+    pub cfg: ClientConfig,
+    pub pool: Pool,
+    tlt: RwLock<Arc<Tlt>>,
+    refresh: tokio::sync::Mutex<()>,
+    limit: Arc<Semaphore>,
+    pub stats: ClientStats,
+}
+
+/// A handle on the blob store. Cheap to clone; clones share the TLT cache
+/// and connections.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// What to do after a failed attempt.
+pub(crate) enum Next {
+    /// The table is stale: refresh it, then try again.
+    Refresh,
+    /// Something transient: pause, then try again.
+    Backoff,
+    /// Trying again will not help.
+    Fail(ClientError),
+}
+
+/// Classifies an RPC failure for the retry loops.
+pub(crate) fn classify(e: &RpcError) -> Next {
+    match e {
+        RpcError::Remote { addr, reply } => match reply.code {
+            ErrorCode::StaleVersion | ErrorCode::NotOwner => Next::Refresh,
+            ErrorCode::Conflict
+            | ErrorCode::NotReady
+            | ErrorCode::Busy
+            | ErrorCode::Aborted
+            | ErrorCode::BadCrc => Next::Backoff,
+            ErrorCode::DiskFull => {
+                Next::Fail(ClientError::DiskFull { addr: addr.clone(), message: reply.message.clone() })
+            }
+            _ => Next::Fail(ClientError::Rejected { addr: addr.clone(), reply: reply.clone() }),
+        },
+        // The server may have died or moved: the table may name its
+        // replacement or new address.
+        RpcError::Connect { .. } | RpcError::ConnectionLost(_) | RpcError::Timeout(_) => Next::Refresh,
+        RpcError::Decode { .. } => Next::Backoff,
+    }
+}
+
+impl Client {
+    /// Connects to the metadata server and fetches the TLT, waiting up to
+    /// `connect_timeout` for the cluster to have one.
+    pub async fn connect(env: Env, cfg: ClientConfig) -> Result<Client, ClientError> {
+        let pool = Pool::new(env.clone(), cfg.request_timeout);
+        let deadline = env.now() + cfg.connect_timeout;
+        let tlt = loop {
+            match fetch_tlt(&pool, &cfg.meta, 0).await {
+                Ok(Some(t)) => break t,
+                Ok(None) => {}
+                Err(e) if env.now() >= deadline => {
+                    return Err(ClientError::Meta { addr: cfg.meta.clone(), message: e.to_string() })
+                }
+                Err(_) => {}
+            }
+            env.sleep(Duration::from_millis(100)).await;
+        };
+        let limit = Arc::new(Semaphore::new(cfg.simultaneous_limit.max(1)));
+        let stats = ClientStats::default();
+        stats.tlt_fetches.fetch_add(1, Ordering::Relaxed);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                env,
+                cfg,
+                pool,
+                tlt: RwLock::new(Arc::new(tlt)),
+                refresh: tokio::sync::Mutex::new(()),
+                limit,
+                stats,
+            }),
+        })
+    }
+
+    pub fn env(&self) -> &Env {
+        &self.inner.env
+    }
+
+    /// The cached TLT.
+    pub fn tlt(&self) -> Arc<Tlt> {
+        match self.inner.tlt.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    pub fn tract_size(&self) -> u32 {
+        self.tlt().tract_size
+    }
+
+    /// The cluster's maximum replication level.
+    pub fn max_replication(&self) -> u8 {
+        self.tlt().replication
+    }
+
+    /// How many tract operations to keep in flight for full speed.
+    pub fn simultaneous_limit(&self) -> usize {
+        self.inner.cfg.simultaneous_limit
+    }
+
+    pub fn stats(&self) -> &ClientStats {
+        &self.inner.stats
+    }
+
+    pub(crate) async fn permit(&self) -> Result<OwnedSemaphorePermit, ClientError> {
+        self.inner
+            .limit
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ClientError::Invalid("client closed".into()))
+    }
+
+    /// Fetches the TLT unless someone already replaced the version `seen`.
+    pub(crate) async fn refresh_tlt(&self, seen: u64) -> Result<(), ClientError> {
+        let _one = self.inner.refresh.lock().await;
+        if self.tlt().version != seen {
+            return Ok(());
+        }
+        self.inner.stats.tlt_fetches.fetch_add(1, Ordering::Relaxed);
+        match fetch_tlt(&self.inner.pool, &self.inner.cfg.meta, seen).await {
+            Ok(Some(t)) => {
+                tracing::debug!(from = seen, to = t.version, "TLT refreshed");
+                *match self.inner.tlt.write() {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                } = Arc::new(t);
+                Ok(())
+            }
+            // Unchanged: a tractserver is ahead of the published table for
+            // a moment (it stores new rows before they are published).
+            Ok(None) => Ok(()),
+            Err(e) => Err(ClientError::Meta { addr: self.inner.cfg.meta.clone(), message: e.to_string() }),
+        }
+    }
+
+    /// Pause before attempt `attempt` (exponential with jitter).
+    pub(crate) async fn backoff(&self, attempt: u32) {
+        let c = &self.inner.cfg;
+        let base = c.backoff.saturating_mul(1 << attempt.min(8)).min(c.backoff_max);
+        let jitter = self.inner.env.random_below(base.as_micros().max(1) as u64);
+        self.inner.stats.retries.fetch_add(1, Ordering::Relaxed);
+        self.inner.env.sleep(base / 2 + Duration::from_micros(jitter / 2)).await;
+    }
+
+    /// Sends a metadata request to the primary of the blob's metadata row,
+    /// retrying through TLT changes and transient refusals.
+    pub(crate) async fn meta_call(
+        &self,
+        blob: BlobId,
+        make: impl Fn(u64) -> Request,
+    ) -> Result<BlobMeta, (ClientError, u32)> {
+        let attempts = self.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = self.tlt();
+            let row = tlt.locate(blob, TractNo::META);
+            let r = &tlt.rows[row];
+            let addr = tlt.members[r.members[0] as usize].addr.clone();
+            match self.inner.pool.call(&addr, &make(r.version), Bytes::new()).await {
+                Ok((Reply::Blob(m), _)) => return Ok(m),
+                Ok((other, _)) => {
+                    last = format!("unexpected reply {other:?}");
+                }
+                Err(e) => {
+                    if let Some(reply) = e.remote() {
+                        match reply.code {
+                            ErrorCode::NoSuchBlob => return Err((ClientError::NoSuchBlob(blob), attempt)),
+                            ErrorCode::BlobExists => return Err((ClientError::BlobExists(blob), attempt)),
+                            ErrorCode::OutOfRange | ErrorCode::BadRequest => {
+                                return Err((ClientError::Invalid(reply.message.clone()), attempt))
+                            }
+                            _ => {}
+                        }
+                    }
+                    last = e.to_string();
+                    match classify(&e) {
+                        Next::Fail(err) => return Err((err, attempt)),
+                        Next::Refresh => {
+                            self.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
+                            if let Err(err) = self.refresh_tlt(tlt.version).await {
+                                last = err.to_string();
+                            }
+                            if attempt > 0 {
+                                self.backoff(attempt).await;
+                            }
+                        }
+                        Next::Backoff => self.backoff(attempt).await,
+                    }
+                }
+            }
+        }
+        Err((ClientError::Unavailable { attempts, last }, attempts))
+    }
+
+    /// Creates a blob with the given id (or a random one) and replication
+    /// level; it starts with 0 tracts.
+    pub async fn create_blob(&self, id: Option<BlobId>, replication: u8) -> Result<Blob, ClientError> {
+        let max = self.max_replication();
+        if replication == 0 || replication > max {
+            return Err(ClientError::Invalid(format!(
+                "replication {replication} is outside 1..={max} (this cluster's maximum)"
+            )));
+        }
+        let blob = id.unwrap_or_else(|| BlobId(self.inner.env.random_u128()));
+        let incarnation = self.inner.env.random_u64().max(1);
+        let res = self
+            .meta_call(blob, |row_version| Request::CreateBlob {
+                blob,
+                row_version,
+                incarnation,
+                replication,
+            })
+            .await;
+        match res {
+            Ok(m) => Ok(Blob::new(self.clone(), m)),
+            // A retry after a lost reply finds our own creation: success.
+            Err((ClientError::BlobExists(_), attempt)) if attempt > 0 => {
+                let b = self.open_blob(blob).await?;
+                if b.incarnation() == incarnation {
+                    Ok(b)
+                } else {
+                    Err(ClientError::BlobExists(blob))
+                }
+            }
+            Err((e, _)) => Err(e),
+        }
+    }
+
+    /// Opens an existing blob, reading its size and replication level.
+    pub async fn open_blob(&self, blob: BlobId) -> Result<Blob, ClientError> {
+        let m = self.get_meta(blob).await?;
+        Ok(Blob::new(self.clone(), m))
+    }
+
+    pub(crate) async fn get_meta(&self, blob: BlobId) -> Result<BlobMeta, ClientError> {
+        self.meta_call(blob, |row_version| Request::GetBlob { blob, row_version }).await.map_err(|(e, _)| e)
+    }
+
+    /// Deletes a blob: its metadata first (so nobody can open it), then its
+    /// data tracts. Tracts a crash leaves behind are invisible to any later
+    /// blob with the same id (incarnations differ).
+    pub async fn delete_blob(&self, blob: BlobId) -> Result<(), ClientError> {
+        let old = match self.meta_call(blob, |row_version| Request::DeleteBlob { blob, row_version }).await {
+            Ok(m) => m,
+            // A retry after a lost reply finds it gone: that was us.
+            Err((ClientError::NoSuchBlob(_), attempt)) if attempt > 0 => return Ok(()),
+            Err((e, _)) => return Err(e),
+        };
+        let b = Blob::new(self.clone(), old);
+        let sem = Arc::new(Semaphore::new(self.simultaneous_limit().max(1)));
+        let mut tasks = Vec::new();
+        for t in 0..old.size_tracts {
+            let b = b.clone();
+            let Ok(p) = sem.clone().acquire_owned().await else { break };
+            tasks.push(tokio::spawn(async move {
+                let r = b.delete_tract(t).await;
+                drop(p);
+                r
+            }));
+        }
+        for t in tasks {
+            if let Ok(Err(e)) = t.await {
+                tracing::warn!(%blob, error = %e, "could not free a tract of a deleted blob; it stays unreachable");
+            }
+        }
+        Ok(())
+    }
+
+    /// The metadata server's view of the cluster.
+    pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
+        let meta = &self.inner.cfg.meta;
+        match self.inner.pool.call(meta, &Request::ClusterStatus, Bytes::new()).await {
+            Ok((Reply::ClusterStatus(s), _)) => Ok(s),
+            Ok(_) => Err(ClientError::Meta { addr: meta.clone(), message: "unexpected reply".into() }),
+            Err(e) => Err(ClientError::Meta { addr: meta.clone(), message: e.to_string() }),
+        }
+    }
+}
+
+/// Fetches the TLT if newer than `have` (`None` if unchanged).
+async fn fetch_tlt(pool: &Pool, meta: &str, have: u64) -> Result<Option<Tlt>, RpcError> {
+    match pool.call(meta, &Request::GetTlt { have_version: have }, Bytes::new()).await? {
+        (Reply::Tlt(Some(t)), _) => match t.validate() {
+            Ok(()) => Ok(Some(t)),
+            Err(e) => Err(RpcError::Decode {
+                addr: meta.to_string(),
+                error: blizzard_proto::DecodeError::BadValue { field: "tlt", value: 0 },
+            })
+            .inspect_err(|_| tracing::error!(error = %e, "metadata server sent an invalid TLT")),
+        },
+        (Reply::Tlt(None), _) => Ok(None),
+        _ => Err(RpcError::Decode {
+            addr: meta.to_string(),
+            error: blizzard_proto::DecodeError::BadValue { field: "reply", value: 0 },
+        }),
+    }
+}

@@ -1,0 +1,11 @@
+//! Metadata server: tracks live tractservers, builds the tract locator
+//! table (FDS §2.2, §3.3), hands it to clients, and changes rows with the
+//! assignment protocol (FDS §3.1). It keeps no durable state of its own:
+//! tractservers store their TLT positions and a restarted metadata server
+//! rebuilds the table from their heartbeats.
+//!
+//! Modules: `tlt_builder` (pure: the table's rows from members and a random
+//! source), `server` (membership, phases, assignment, the entry point).
+
+pub mod server;
+pub mod tlt_builder;

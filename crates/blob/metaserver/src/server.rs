@@ -1,0 +1,621 @@
+//! The metadata server (FDS §2.2, §3.1): collects heartbeats, builds the
+//! TLT, hands it to clients, and changes rows with the assignment protocol.
+//! It stores nothing durable: after a restart it rebuilds the table from
+//! the assignments the tractservers report in their heartbeats.
+//!
+//! Phases:
+//! - `waiting`: no TLT yet. If any tractserver reports a stored assignment,
+//!   the table is rebuilt from the reports once every tractserver they name
+//!   has reported, or after the rebuild grace period. Otherwise the first
+//!   table is built once `init_tractservers` have registered.
+//! - `ready`: the TLT is served; heartbeats keep member state current.
+//!
+//! Invariant (FDS §3.1): a new row version is given to clients only after
+//! every tractserver of the old and new row has durably stored it, so a
+//! client can never hold a version its tractservers do not know.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rand::SeedableRng;
+use tokio::task::JoinHandle;
+
+use blizzard_core::limits::{tract_size_valid, NAME_LEN_MAX, REPLICATION_MAX};
+use blizzard_core::tlt::{Tlt, TltMember, TltRow};
+use blizzard_core::TsId;
+use blizzard_env::{Env, Instant};
+use blizzard_proto::{
+    AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, Heartbeat, HeartbeatAction,
+    HeartbeatReply, MemberStatus, Reply, Request,
+};
+use blizzard_rpc::{serve, RpcConn, RpcError, ServerLimits, Service, Shutdown, ShutdownHandle};
+
+use crate::tlt_builder::{build_rows, row_counts, BuildParams, BuilderMember};
+
+#[derive(Clone, Debug)]
+pub struct MetaConfig {
+    pub listen: String,
+    /// Tract size for a new cluster (a restarted server adopts the stored one).
+    pub tract_size: u32,
+    /// Members per TLT row: the cluster's maximum replication level.
+    pub replication: u8,
+    /// m, for 1-way tables (FDS §2.2).
+    pub permutations: u32,
+    /// Weight 1-way tables by each disk's measured speed.
+    pub weighted: bool,
+    /// A new cluster's first TLT is built once this many tractservers have
+    /// registered.
+    pub init_tractservers: usize,
+    pub heartbeat_interval: Duration,
+    /// A tractserver silent this long is shown as down.
+    pub dead_after: Duration,
+    /// After a restart, how long to wait for tractservers named in the
+    /// reported assignments before rebuilding without them.
+    pub rebuild_grace: Duration,
+    pub request_timeout: Duration,
+}
+
+impl MetaConfig {
+    pub fn new(listen: impl Into<String>) -> Self {
+        MetaConfig {
+            listen: listen.into(),
+            tract_size: blizzard_core::limits::TRACT_SIZE_DEFAULT,
+            replication: 1,
+            permutations: 20,
+            weighted: false,
+            init_tractservers: 1,
+            heartbeat_interval: Duration::from_millis(500),
+            dead_after: Duration::from_secs(5),
+            rebuild_grace: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
+    #[error("the cluster has no TLT yet")]
+    NotReady,
+    #[error("invalid TLT change: {0}")]
+    BadChange(String),
+    #[error("tractserver {id} did not accept its new assignment: {error}")]
+    AssignFailed { id: TsId, error: RpcError },
+}
+
+#[derive(Clone, Debug)]
+struct Member {
+    addr: String,
+    domain: String,
+    last_heartbeat: Instant,
+    slots_total: u64,
+    slots_used: u64,
+    load: u32,
+    disk_mbps: u32,
+    reported: Option<Assignment>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Ready,
+}
+
+struct State {
+    phase: Phase,
+    members: BTreeMap<TsId, Member>,
+    tlt: Option<Arc<Tlt>>,
+    first_report: Option<Instant>,
+    last_complaint: Option<Instant>,
+}
+
+pub struct MetaServer {
+    env: Env,
+    cfg: MetaConfig,
+    state: Mutex<State>,
+    /// Serializes TLT changes: one assignment round at a time.
+    change: tokio::sync::Mutex<()>,
+    /// Ordered so connections close in the same order on every run.
+    conns: Mutex<BTreeMap<String, RpcConn>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
+    ErrorReply::new(code, msg)
+}
+
+impl MetaServer {
+    pub fn new(env: Env, cfg: MetaConfig) -> Result<MetaServer, MetaError> {
+        if !tract_size_valid(cfg.tract_size) {
+            return Err(MetaError::Config(format!(
+                "tract size {} must be a power of two between 4 KiB and 64 MiB",
+                cfg.tract_size
+            )));
+        }
+        if cfg.replication == 0 || cfg.replication > REPLICATION_MAX {
+            return Err(MetaError::Config(format!("replication must be 1..={REPLICATION_MAX}")));
+        }
+        if cfg.permutations == 0 {
+            return Err(MetaError::Config("permutations must be at least 1".into()));
+        }
+        Ok(MetaServer {
+            env,
+            cfg,
+            state: Mutex::new(State {
+                phase: Phase::Waiting,
+                members: BTreeMap::new(),
+                tlt: None,
+                first_report: None,
+                last_complaint: None,
+            }),
+            change: tokio::sync::Mutex::new(()),
+            conns: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The TLT being served, once there is one.
+    pub fn tlt(&self) -> Option<Arc<Tlt>> {
+        lock(&self.state).tlt.clone()
+    }
+
+    fn heartbeat(&self, hb: Heartbeat) -> Result<Reply, ErrorReply> {
+        if hb.addr.is_empty() || hb.addr.len() > NAME_LEN_MAX || hb.domain.len() > NAME_LEN_MAX {
+            return Err(err(ErrorCode::BadRequest, "address or failure domain is empty or too long"));
+        }
+        let now = self.env.now();
+        let mut st = lock(&self.state);
+        if let Some(tlt) = &st.tlt {
+            if hb.tract_size != tlt.tract_size {
+                return Err(err(
+                    ErrorCode::WrongCluster,
+                    format!("disk has {}-byte tracts but the cluster uses {}", hb.tract_size, tlt.tract_size),
+                ));
+            }
+            if let Some(a) = hb.assignment.as_ref().filter(|a| a.cluster_id != tlt.cluster_id) {
+                return Err(err(
+                    ErrorCode::WrongCluster,
+                    format!("disk belongs to cluster {:032x}, this is {:032x}", a.cluster_id, tlt.cluster_id),
+                ));
+            }
+        }
+        let domain = if hb.domain.is_empty() { hb.ts_id.to_string() } else { hb.domain.clone() };
+        let reported = hb.assignment.clone();
+        if reported.is_some() && st.first_report.is_none() {
+            st.first_report = Some(now);
+        }
+        let moved = st.members.get(&hb.ts_id).is_some_and(|m| m.addr != hb.addr);
+        st.members.insert(
+            hb.ts_id,
+            Member {
+                addr: hb.addr.clone(),
+                domain,
+                last_heartbeat: now,
+                slots_total: hb.slots_total,
+                slots_used: hb.slots_used,
+                load: hb.load,
+                disk_mbps: hb.disk_mbps,
+                reported,
+            },
+        );
+        // A member that came back on a new address: clients must learn it,
+        // so the table's version moves (row versions do not: same members).
+        if moved {
+            if let Some(tlt) = st.tlt.clone() {
+                if let Some(i) = tlt.member_index(hb.ts_id) {
+                    let mut t = (*tlt).clone();
+                    t.members[i as usize].addr = hb.addr.clone();
+                    t.version += 1;
+                    tracing::info!(id = %hb.ts_id, addr = %hb.addr, "tractserver moved; TLT version {}", t.version);
+                    st.tlt = Some(Arc::new(t));
+                }
+            }
+        }
+        let ms = self.cfg.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32;
+        Ok(Reply::Heartbeat(HeartbeatReply { action: HeartbeatAction::Continue, interval_ms: ms }))
+    }
+
+    /// Advances the phase: rebuild or build the first TLT when possible.
+    pub async fn tick(&self) {
+        let _change = self.change.lock().await;
+        let (phase, members, first_report) = {
+            let st = lock(&self.state);
+            (st.phase, st.members.clone(), st.first_report)
+        };
+        if phase == Phase::Ready {
+            return;
+        }
+        let now = self.env.now();
+        let reports: Vec<&Assignment> = members.values().filter_map(|m| m.reported.as_ref()).collect();
+        let result = if !reports.is_empty() {
+            let named: BTreeSet<TsId> =
+                reports.iter().flat_map(|a| a.rows.iter().flat_map(|r| r.members.iter().copied())).collect();
+            let all_here = named.iter().all(|id| members.contains_key(id));
+            let grace_over = first_report.is_some_and(|t| now.duration_since(t) >= self.cfg.rebuild_grace);
+            if !(all_here || grace_over) {
+                return;
+            }
+            self.rebuild(&members)
+        } else if members.len() >= self.cfg.init_tractservers.max(1) {
+            self.initial_build(&members).await
+        } else {
+            return;
+        };
+        match result {
+            Ok(tlt) => {
+                tracing::info!(
+                    rows = tlt.rows.len(),
+                    members = tlt.members.len(),
+                    replication = tlt.replication,
+                    version = tlt.version,
+                    "TLT ready"
+                );
+                let mut st = lock(&self.state);
+                st.tlt = Some(tlt);
+                st.phase = Phase::Ready;
+            }
+            Err(e) => {
+                let mut st = lock(&self.state);
+                if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+                    tracing::error!(error = %e, "cannot build the TLT yet");
+                    st.last_complaint = Some(now);
+                }
+            }
+        }
+    }
+
+    /// A new cluster: build the table and store every member's positions.
+    async fn initial_build(&self, members: &BTreeMap<TsId, Member>) -> Result<Arc<Tlt>, MetaError> {
+        let ids: Vec<TsId> = members.keys().copied().collect();
+        let builder: Vec<BuilderMember> = members
+            .iter()
+            .map(|(id, m)| BuilderMember { id: *id, domain: m.domain.clone(), weight: m.disk_mbps })
+            .collect();
+        let params = BuildParams {
+            replication: self.cfg.replication,
+            permutations: self.cfg.permutations,
+            weighted: self.cfg.weighted,
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
+        let rows =
+            build_rows(&builder, &params, &mut rng).map_err(|e| MetaError::BadChange(e.to_string()))?;
+        let tlt = Tlt {
+            cluster_id: self.env.random_u128().max(1),
+            tract_size: self.cfg.tract_size,
+            replication: self.cfg.replication,
+            version: 1,
+            members: ids
+                .iter()
+                .map(|id| {
+                    let m = &members[id];
+                    TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() }
+                })
+                .collect(),
+            rows: rows.into_iter().map(|members| TltRow { version: 1, members }).collect(),
+        };
+        tlt.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
+        self.push_assignments(&tlt, &ids).await?;
+        Ok(Arc::new(tlt))
+    }
+
+    /// A restarted metadata server: the table is what the tractservers say,
+    /// row by row taking the highest version reported.
+    fn rebuild(&self, members: &BTreeMap<TsId, Member>) -> Result<Arc<Tlt>, MetaError> {
+        let reports: Vec<&Assignment> = members.values().filter_map(|m| m.reported.as_ref()).collect();
+        let Some(newest) = reports.iter().max_by_key(|a| a.tlt_version) else {
+            return Err(MetaError::NotReady);
+        };
+        let len = newest.tlt_len as usize;
+        let mut rows: Vec<Option<&AssignedRow>> = vec![None; len];
+        for a in reports.iter().filter(|a| a.cluster_id == newest.cluster_id) {
+            for r in &a.rows {
+                if let Some(slot) = rows.get_mut(r.row as usize) {
+                    if slot.is_none_or(|cur| r.version > cur.version) {
+                        *slot = Some(r);
+                    }
+                }
+            }
+        }
+        let missing = rows.iter().filter(|r| r.is_none()).count();
+        if missing > 0 {
+            return Err(MetaError::BadChange(format!(
+                "{missing} of {len} TLT rows are held by no reporting tractserver; start the missing tractservers"
+            )));
+        }
+        let ids: BTreeSet<TsId> = rows.iter().flatten().flat_map(|r| r.members.iter().copied()).collect();
+        let ids: Vec<TsId> = ids.into_iter().collect();
+        let index: HashMap<TsId, u32> = ids.iter().enumerate().map(|(i, id)| (*id, i as u32)).collect();
+        let tlt = Tlt {
+            cluster_id: newest.cluster_id,
+            tract_size: newest.tract_size,
+            replication: newest.replication,
+            version: newest.tlt_version,
+            members: ids
+                .iter()
+                .map(|id| match members.get(id) {
+                    Some(m) => TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() },
+                    // Named by others but silent: listed so rows stay whole.
+                    None => TltMember { id: *id, addr: String::new(), domain: id.to_string() },
+                })
+                .collect(),
+            rows: rows
+                .iter()
+                .flatten()
+                .map(|r| TltRow {
+                    version: r.version,
+                    members: r.members.iter().filter_map(|m| index.get(m).copied()).collect(),
+                })
+                .collect(),
+        };
+        tlt.validate()
+            .map_err(|e| MetaError::BadChange(format!("reported assignments are inconsistent: {e}")))?;
+        if tlt.tract_size != self.cfg.tract_size || tlt.replication != self.cfg.replication {
+            tracing::warn!(
+                tract_size = tlt.tract_size,
+                replication = tlt.replication,
+                "adopting the cluster's stored parameters, which differ from this server's flags"
+            );
+        }
+        tracing::info!(version = tlt.version, "rebuilt the TLT from tractserver reports");
+        Ok(Arc::new(tlt))
+    }
+
+    fn assignment_for(tlt: &Tlt, id: TsId) -> Assignment {
+        let me = tlt.member_index(id);
+        Assignment {
+            cluster_id: tlt.cluster_id,
+            tract_size: tlt.tract_size,
+            replication: tlt.replication,
+            tlt_len: tlt.rows.len() as u32,
+            tlt_version: tlt.version,
+            rows: tlt
+                .rows
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| me.is_some_and(|m| r.members.contains(&m)))
+                .map(|(i, r)| AssignedRow {
+                    row: i as u32,
+                    version: r.version,
+                    members: r.members.iter().map(|&m| tlt.members[m as usize].id).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Sends each of `ids` its assignment under `tlt` and waits for all to
+    /// store it.
+    async fn push_assignments(&self, tlt: &Tlt, ids: &[TsId]) -> Result<(), MetaError> {
+        let calls = ids.iter().map(|id| async move {
+            let addr =
+                tlt.member_index(*id).map(|i| tlt.members[i as usize].addr.clone()).unwrap_or_default();
+            let req = Request::AssignRows { assignment: Self::assignment_for(tlt, *id) };
+            let res = match self.conn(&addr).await {
+                Ok(c) => c.call_timeout(&self.env, self.cfg.request_timeout, &req, Bytes::new()).await,
+                Err(e) => Err(e),
+            };
+            res.map(|_| ()).map_err(|error| MetaError::AssignFailed { id: *id, error })
+        });
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
+        if let Some(c) = lock(&self.conns).get(addr).filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let c = RpcConn::connect(&self.env, addr).await?;
+        lock(&self.conns).insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Changes the members of some rows: bumps their versions, has every
+    /// tractserver of the old and new rows store its new assignment, and
+    /// only then serves the new table (FDS §3.1). Giving a row its current
+    /// members just bumps its version.
+    pub async fn reassign_rows(&self, changes: &[(usize, Vec<TsId>)]) -> Result<Arc<Tlt>, MetaError> {
+        let _change = self.change.lock().await;
+        let (cur, members) = {
+            let st = lock(&self.state);
+            (st.tlt.clone().ok_or(MetaError::NotReady)?, st.members.clone())
+        };
+        let mut t = (*cur).clone();
+        let mut affected = BTreeSet::new();
+        for (row, ids) in changes {
+            let Some(r) = t.rows.get(*row) else {
+                return Err(MetaError::BadChange(format!("row {row} does not exist")));
+            };
+            affected.extend(r.members.iter().map(|&m| cur.members[m as usize].id));
+            if ids.len() != t.replication as usize {
+                return Err(MetaError::BadChange(format!("row {row} needs {} members", t.replication)));
+            }
+            let mut idx = Vec::with_capacity(ids.len());
+            for id in ids {
+                let i = match t.member_index(*id) {
+                    Some(i) => i,
+                    None => {
+                        let Some(m) = members.get(id) else {
+                            return Err(MetaError::BadChange(format!("tractserver {id} is not registered")));
+                        };
+                        t.members.push(TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() });
+                        (t.members.len() - 1) as u32
+                    }
+                };
+                idx.push(i);
+                affected.insert(*id);
+            }
+            let r = &mut t.rows[*row];
+            r.members = idx;
+            r.version += 1;
+        }
+        t.version += 1;
+        t.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
+        let ids: Vec<TsId> = affected.into_iter().collect();
+        self.push_assignments(&t, &ids).await?;
+        let t = Arc::new(t);
+        lock(&self.state).tlt = Some(t.clone());
+        tracing::info!(rows = changes.len(), version = t.version, "TLT rows reassigned");
+        Ok(t)
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        let now = self.env.now();
+        let st = lock(&self.state);
+        let (rows, primaries) = match &st.tlt {
+            Some(t) => {
+                let rows: Vec<Vec<u32>> = t.rows.iter().map(|r| r.members.clone()).collect();
+                row_counts(t.members.len(), &rows)
+            }
+            None => (vec![], vec![]),
+        };
+        let mut ids: BTreeSet<TsId> = st.members.keys().copied().collect();
+        if let Some(t) = &st.tlt {
+            ids.extend(t.members.iter().map(|m| m.id));
+        }
+        let members = ids
+            .into_iter()
+            .map(|id| {
+                let pos = st.tlt.as_ref().and_then(|t| t.member_index(id)).map(|i| i as usize);
+                let (r, p) = pos.map(|i| (rows[i], primaries[i])).unwrap_or((0, 0));
+                match st.members.get(&id) {
+                    Some(m) => {
+                        let age = now.duration_since(m.last_heartbeat);
+                        MemberStatus {
+                            id,
+                            addr: m.addr.clone(),
+                            domain: m.domain.clone(),
+                            alive: age < self.cfg.dead_after,
+                            last_heartbeat_ms: age.as_millis() as u64,
+                            slots_total: m.slots_total,
+                            slots_used: m.slots_used,
+                            load: m.load,
+                            rows: r,
+                            primaries: p,
+                        }
+                    }
+                    None => MemberStatus {
+                        id,
+                        addr: String::new(),
+                        domain: String::new(),
+                        alive: false,
+                        last_heartbeat_ms: u64::MAX,
+                        slots_total: 0,
+                        slots_used: 0,
+                        load: 0,
+                        rows: r,
+                        primaries: p,
+                    },
+                }
+            })
+            .collect();
+        let t = st.tlt.as_ref();
+        ClusterStatus {
+            phase: match st.phase {
+                Phase::Waiting if st.first_report.is_some() => "recovering".into(),
+                Phase::Waiting => "waiting".into(),
+                Phase::Ready => "ready".into(),
+            },
+            cluster_id: t.map(|t| t.cluster_id).unwrap_or(0),
+            tract_size: t.map(|t| t.tract_size).unwrap_or(self.cfg.tract_size),
+            replication: t.map(|t| t.replication).unwrap_or(self.cfg.replication),
+            tlt_version: t.map(|t| t.version).unwrap_or(0),
+            tlt_rows: t.map(|t| t.rows.len() as u32).unwrap_or(0),
+            members,
+        }
+    }
+
+    fn handle(&self, req: Request) -> Result<Reply, ErrorReply> {
+        match req {
+            Request::Ping => Ok(Reply::Done),
+            Request::Heartbeat(hb) => self.heartbeat(hb),
+            Request::GetTlt { have_version } => match self.tlt() {
+                Some(t) if t.version == have_version => Ok(Reply::Tlt(None)),
+                Some(t) => Ok(Reply::Tlt(Some((*t).clone()))),
+                None => Err(err(ErrorCode::NotReady, "the cluster has no TLT yet; waiting for tractservers")),
+            },
+            Request::ClusterStatus => Ok(Reply::ClusterStatus(self.status())),
+            Request::ClusterParams => {
+                let t = self.tlt();
+                Ok(Reply::ClusterParams(ClusterParams {
+                    tract_size: t.as_ref().map(|t| t.tract_size).unwrap_or(self.cfg.tract_size),
+                    replication: t.as_ref().map(|t| t.replication).unwrap_or(self.cfg.replication),
+                    cluster_id: t.as_ref().map(|t| t.cluster_id).unwrap_or(0),
+                }))
+            }
+            other => Err(err(ErrorCode::BadRequest, format!("{:?} is for tractservers", other.opcode()))),
+        }
+    }
+}
+
+impl Service for MetaServer {
+    fn call(
+        self: Arc<Self>,
+        req: Request,
+        _data: Bytes,
+    ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
+        async move { (self.handle(req), Bytes::new()) }.boxed()
+    }
+}
+
+/// A running metadata server.
+pub struct MetaHandle {
+    pub addr: String,
+    pub server: Arc<MetaServer>,
+    shutdown: ShutdownHandle,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl MetaHandle {
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Binds and starts the metadata server and its phase ticker.
+pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
+    let server = Arc::new(MetaServer::new(env.clone(), cfg.clone())?);
+    let listener =
+        env.bind(&cfg.listen).await.map_err(|error| MetaError::Bind { addr: cfg.listen.clone(), error })?;
+    let addr = listener.local_addr();
+    tracing::info!(%addr, "metadata server listening");
+    let (shutdown, rx) = ShutdownHandle::new();
+    let tasks = vec![
+        tokio::spawn(serve(env.clone(), listener, server.clone(), ServerLimits::default(), rx.clone())),
+        tokio::spawn(ticker(env, server.clone(), cfg.heartbeat_interval, rx)),
+    ];
+    Ok(MetaHandle { addr, server, shutdown, tasks })
+}
+
+async fn ticker(env: Env, server: Arc<MetaServer>, interval: Duration, mut shutdown: Shutdown) {
+    let period = (interval / 2).max(Duration::from_millis(5));
+    loop {
+        server.tick().await;
+        tokio::select! {
+            biased;
+            _ = shutdown.wait() => return,
+            _ = env.sleep(period) => {}
+        }
+    }
+}

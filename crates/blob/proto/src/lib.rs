@@ -1,0 +1,18 @@
+//! The blob store's wire protocol (design: `docs/design/0001-blob-wire-protocol.md`).
+//!
+//! A frame is a 32-byte header, a *meta* part (the encoded message, covered
+//! by a CRC32C in the header) and an optional *data* part (tract bytes,
+//! covered piece by piece by CRCs carried inside the meta part). Request ids
+//! let many requests share a connection and complete out of order.
+//!
+//! Everything here is pure: decoding takes bytes that have already been
+//! read under the limits in [`frame::FrameHeader::decode`], checks every
+//! length against what is left, and returns an error, never panics.
+
+pub mod codec;
+pub mod frame;
+pub mod msg;
+
+pub use codec::{DecodeError, Reader, Wire, Writer};
+pub use frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAGIC, VERSION};
+pub use msg::*;

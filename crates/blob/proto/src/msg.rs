@@ -1,0 +1,775 @@
+//! Messages. A request's opcode names its message; the response carries the
+//! same opcode, and its meta part starts with a status: 0 for success
+//! followed by the opcode's reply, or an [`ErrorReply`].
+
+use blizzard_core::tlt::{Tlt, TltMember, TltRow};
+use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+
+use crate::codec::{DecodeError, Reader, Wire, Writer};
+use crate::wire_struct;
+
+/// Operation codes. The high byte groups them by who serves them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u16)]
+pub enum Opcode {
+    Ping = 0x0001,
+    // Tract data, served by every tractserver of a row.
+    WriteTract = 0x0101,
+    ReadTract = 0x0102,
+    DeleteTract = 0x0103,
+    // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
+    CreateBlob = 0x0201,
+    ExtendBlob = 0x0202,
+    DeleteBlob = 0x0203,
+    GetBlob = 0x0204,
+    // Two-phase commit of blob metadata, primary to the other replicas.
+    MetaPrepare = 0x0211,
+    MetaCommit = 0x0212,
+    MetaAbort = 0x0213,
+    // Metadata server to tractserver.
+    AssignRows = 0x0301,
+    // Served by the metadata server.
+    Heartbeat = 0x0401,
+    GetTlt = 0x0402,
+    ClusterStatus = 0x0403,
+    ClusterParams = 0x0404,
+}
+
+impl Opcode {
+    pub const ALL: [Opcode; 16] = [
+        Opcode::Ping,
+        Opcode::WriteTract,
+        Opcode::ReadTract,
+        Opcode::DeleteTract,
+        Opcode::CreateBlob,
+        Opcode::ExtendBlob,
+        Opcode::DeleteBlob,
+        Opcode::GetBlob,
+        Opcode::MetaPrepare,
+        Opcode::MetaCommit,
+        Opcode::MetaAbort,
+        Opcode::AssignRows,
+        Opcode::Heartbeat,
+        Opcode::GetTlt,
+        Opcode::ClusterStatus,
+        Opcode::ClusterParams,
+    ];
+
+    pub fn from_u16(v: u16) -> Option<Opcode> {
+        Self::ALL.iter().copied().find(|o| *o as u16 == v)
+    }
+}
+
+/// Where a tract request is aimed. The tractserver recomputes the row from
+/// `blob` and `tract` and refuses the request unless it serves that row at
+/// exactly `row_version` (FDS §3.1: stale clients are caught, not trusted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TractAddr {
+    pub blob: BlobId,
+    pub incarnation: Incarnation,
+    pub tract: TractNo,
+    pub row_version: u64,
+}
+wire_struct!(TractAddr { blob: BlobId, incarnation: u64, tract: TractNo, row_version: u64 });
+
+/// A blob's metadata, the content of its tract −1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlobMeta {
+    pub blob: BlobId,
+    pub incarnation: Incarnation,
+    pub replication: u8,
+    /// Size in tracts; tracts `0..size_tracts` may be written.
+    pub size_tracts: u64,
+    /// Bumped by every committed change; the two-phase commit compares it.
+    pub version: u64,
+}
+wire_struct!(BlobMeta { blob: BlobId, incarnation: u64, replication: u8, size_tracts: u64, version: u64 });
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExtendMode {
+    /// Grow by `n` tracts (atomic append: the caller owns the new range).
+    By = 0,
+    /// Grow to at least `n` tracts.
+    To = 1,
+}
+
+impl Wire for ExtendMode {
+    const MIN_LEN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        (*self as u8).put(w)
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match u8::get(r)? {
+            0 => Ok(ExtendMode::By),
+            1 => Ok(ExtendMode::To),
+            v => Err(DecodeError::BadValue { field: "extend mode", value: v as u64 }),
+        }
+    }
+}
+
+/// One TLT row as a tractserver stores it: enough for a new metadata server
+/// to rebuild the table from the tractservers alone (FDS §2.2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssignedRow {
+    pub row: u32,
+    pub version: u64,
+    /// All members of the row, primary first.
+    pub members: Vec<TsId>,
+}
+wire_struct!(AssignedRow { row: u32, version: u64, members: Vec<TsId> });
+
+/// A tractserver's place in the cluster: the cluster's parameters and every
+/// row it belongs to. Replaces the previous assignment as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Assignment {
+    pub cluster_id: u128,
+    pub tract_size: u32,
+    pub replication: u8,
+    pub tlt_len: u32,
+    pub tlt_version: u64,
+    pub rows: Vec<AssignedRow>,
+}
+wire_struct!(Assignment {
+    cluster_id: u128,
+    tract_size: u32,
+    replication: u8,
+    tlt_len: u32,
+    tlt_version: u64,
+    rows: Vec<AssignedRow>,
+});
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub ts_id: TsId,
+    pub addr: String,
+    pub domain: String,
+    pub tract_size: u32,
+    pub slots_total: u64,
+    pub slots_used: u64,
+    /// Requests in flight when the heartbeat was sent.
+    pub load: u32,
+    /// Measured sequential write speed of the disk (MB/s; 0 if unknown),
+    /// for weighting the 1-way TLT (FDS §2.2).
+    pub disk_mbps: u32,
+    /// What the tractserver has stored, if it was ever assigned rows.
+    pub assignment: Option<Assignment>,
+}
+wire_struct!(Heartbeat {
+    ts_id: TsId,
+    addr: String,
+    domain: String,
+    tract_size: u32,
+    slots_total: u64,
+    slots_used: u64,
+    load: u32,
+    disk_mbps: u32,
+    assignment: Option<Assignment>,
+});
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeartbeatAction {
+    Continue = 0,
+    /// The metadata server no longer counts this tractserver as a member of
+    /// the cluster it serves (FDS §3.1: a returning dead server is told to
+    /// stop).
+    StopServing = 1,
+}
+
+impl Wire for HeartbeatAction {
+    const MIN_LEN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        (*self as u8).put(w)
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match u8::get(r)? {
+            0 => Ok(HeartbeatAction::Continue),
+            1 => Ok(HeartbeatAction::StopServing),
+            v => Err(DecodeError::BadValue { field: "heartbeat action", value: v as u64 }),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeartbeatReply {
+    pub action: HeartbeatAction,
+    pub interval_ms: u32,
+}
+wire_struct!(HeartbeatReply { action: HeartbeatAction, interval_ms: u32 });
+
+/// The cluster's creation parameters, asked for by a tractserver before it
+/// formats a new disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterParams {
+    pub tract_size: u32,
+    pub replication: u8,
+    /// 0 until the first TLT has been built.
+    pub cluster_id: u128,
+}
+wire_struct!(ClusterParams { tract_size: u32, replication: u8, cluster_id: u128 });
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberStatus {
+    pub id: TsId,
+    pub addr: String,
+    pub domain: String,
+    pub alive: bool,
+    pub last_heartbeat_ms: u64,
+    pub slots_total: u64,
+    pub slots_used: u64,
+    pub load: u32,
+    /// TLT rows this tractserver appears in, and how many as primary.
+    pub rows: u32,
+    pub primaries: u32,
+}
+wire_struct!(MemberStatus {
+    id: TsId,
+    addr: String,
+    domain: String,
+    alive: bool,
+    last_heartbeat_ms: u64,
+    slots_total: u64,
+    slots_used: u64,
+    load: u32,
+    rows: u32,
+    primaries: u32,
+});
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// `waiting`, `recovering` or `ready`: see the metadata server's phases.
+    pub phase: String,
+    pub cluster_id: u128,
+    pub tract_size: u32,
+    pub replication: u8,
+    pub tlt_version: u64,
+    pub tlt_rows: u32,
+    pub members: Vec<MemberStatus>,
+}
+wire_struct!(ClusterStatus {
+    phase: String,
+    cluster_id: u128,
+    tract_size: u32,
+    replication: u8,
+    tlt_version: u64,
+    tlt_rows: u32,
+    members: Vec<MemberStatus>,
+});
+
+wire_struct!(TltMember { id: TsId, addr: String, domain: String });
+wire_struct!(TltRow { version: u64, members: Vec<u32> });
+wire_struct!(Tlt {
+    cluster_id: u128,
+    tract_size: u32,
+    replication: u8,
+    version: u64,
+    members: Vec<TltMember>,
+    rows: Vec<TltRow>,
+});
+
+/// A request's meta part. Data (for `WriteTract`) travels beside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Ping,
+    /// Write the frame's data at `offset` in the tract; `crcs` has one CRC32C
+    /// per piece (see `blizzard_core::crc::pieces`).
+    WriteTract {
+        addr: TractAddr,
+        offset: u32,
+        crcs: Vec<u32>,
+    },
+    ReadTract {
+        addr: TractAddr,
+        offset: u32,
+        len: u32,
+    },
+    DeleteTract {
+        addr: TractAddr,
+    },
+    CreateBlob {
+        blob: BlobId,
+        row_version: u64,
+        incarnation: Incarnation,
+        replication: u8,
+    },
+    ExtendBlob {
+        blob: BlobId,
+        row_version: u64,
+        mode: ExtendMode,
+        tracts: u64,
+    },
+    DeleteBlob {
+        blob: BlobId,
+        row_version: u64,
+    },
+    GetBlob {
+        blob: BlobId,
+        row_version: u64,
+    },
+    /// Phase one: lock `blob`'s metadata at `txn` and stage `new` (`None`
+    /// deletes). `expected_version` is the primary's current version.
+    MetaPrepare {
+        blob: BlobId,
+        row_version: u64,
+        txn: u64,
+        expected_version: u64,
+        new: Option<BlobMeta>,
+    },
+    MetaCommit {
+        blob: BlobId,
+        row_version: u64,
+        txn: u64,
+    },
+    MetaAbort {
+        blob: BlobId,
+        row_version: u64,
+        txn: u64,
+    },
+    AssignRows {
+        assignment: Assignment,
+    },
+    Heartbeat(Heartbeat),
+    /// The current TLT, unless the caller's `have_version` is current.
+    GetTlt {
+        have_version: u64,
+    },
+    ClusterStatus,
+    ClusterParams,
+}
+
+impl Request {
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Ping => Opcode::Ping,
+            Request::WriteTract { .. } => Opcode::WriteTract,
+            Request::ReadTract { .. } => Opcode::ReadTract,
+            Request::DeleteTract { .. } => Opcode::DeleteTract,
+            Request::CreateBlob { .. } => Opcode::CreateBlob,
+            Request::ExtendBlob { .. } => Opcode::ExtendBlob,
+            Request::DeleteBlob { .. } => Opcode::DeleteBlob,
+            Request::GetBlob { .. } => Opcode::GetBlob,
+            Request::MetaPrepare { .. } => Opcode::MetaPrepare,
+            Request::MetaCommit { .. } => Opcode::MetaCommit,
+            Request::MetaAbort { .. } => Opcode::MetaAbort,
+            Request::AssignRows { .. } => Opcode::AssignRows,
+            Request::Heartbeat(_) => Opcode::Heartbeat,
+            Request::GetTlt { .. } => Opcode::GetTlt,
+            Request::ClusterStatus => Opcode::ClusterStatus,
+            Request::ClusterParams => Opcode::ClusterParams,
+        }
+    }
+
+    pub fn encode(&self) -> bytes::Bytes {
+        let mut w = Writer::new();
+        match self {
+            Request::Ping | Request::ClusterStatus | Request::ClusterParams => {}
+            Request::WriteTract { addr, offset, crcs } => {
+                addr.put(&mut w);
+                offset.put(&mut w);
+                crcs.put(&mut w);
+            }
+            Request::ReadTract { addr, offset, len } => {
+                addr.put(&mut w);
+                offset.put(&mut w);
+                len.put(&mut w);
+            }
+            Request::DeleteTract { addr } => addr.put(&mut w),
+            Request::CreateBlob { blob, row_version, incarnation, replication } => {
+                blob.put(&mut w);
+                row_version.put(&mut w);
+                incarnation.put(&mut w);
+                replication.put(&mut w);
+            }
+            Request::ExtendBlob { blob, row_version, mode, tracts } => {
+                blob.put(&mut w);
+                row_version.put(&mut w);
+                mode.put(&mut w);
+                tracts.put(&mut w);
+            }
+            Request::DeleteBlob { blob, row_version } | Request::GetBlob { blob, row_version } => {
+                blob.put(&mut w);
+                row_version.put(&mut w);
+            }
+            Request::MetaPrepare { blob, row_version, txn, expected_version, new } => {
+                blob.put(&mut w);
+                row_version.put(&mut w);
+                txn.put(&mut w);
+                expected_version.put(&mut w);
+                new.put(&mut w);
+            }
+            Request::MetaCommit { blob, row_version, txn }
+            | Request::MetaAbort { blob, row_version, txn } => {
+                blob.put(&mut w);
+                row_version.put(&mut w);
+                txn.put(&mut w);
+            }
+            Request::AssignRows { assignment } => assignment.put(&mut w),
+            Request::Heartbeat(h) => h.put(&mut w),
+            Request::GetTlt { have_version } => have_version.put(&mut w),
+        }
+        w.buf.freeze()
+    }
+
+    pub fn decode(op: Opcode, meta: &[u8]) -> Result<Request, DecodeError> {
+        let mut r = Reader::new(meta);
+        let r = &mut r;
+        let req = match op {
+            Opcode::Ping => Request::Ping,
+            Opcode::ClusterStatus => Request::ClusterStatus,
+            Opcode::ClusterParams => Request::ClusterParams,
+            Opcode::WriteTract => {
+                Request::WriteTract { addr: Wire::get(r)?, offset: Wire::get(r)?, crcs: Wire::get(r)? }
+            }
+            Opcode::ReadTract => {
+                Request::ReadTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
+            }
+            Opcode::DeleteTract => Request::DeleteTract { addr: Wire::get(r)? },
+            Opcode::CreateBlob => Request::CreateBlob {
+                blob: Wire::get(r)?,
+                row_version: Wire::get(r)?,
+                incarnation: Wire::get(r)?,
+                replication: Wire::get(r)?,
+            },
+            Opcode::ExtendBlob => Request::ExtendBlob {
+                blob: Wire::get(r)?,
+                row_version: Wire::get(r)?,
+                mode: Wire::get(r)?,
+                tracts: Wire::get(r)?,
+            },
+            Opcode::DeleteBlob => Request::DeleteBlob { blob: Wire::get(r)?, row_version: Wire::get(r)? },
+            Opcode::GetBlob => Request::GetBlob { blob: Wire::get(r)?, row_version: Wire::get(r)? },
+            Opcode::MetaPrepare => Request::MetaPrepare {
+                blob: Wire::get(r)?,
+                row_version: Wire::get(r)?,
+                txn: Wire::get(r)?,
+                expected_version: Wire::get(r)?,
+                new: Wire::get(r)?,
+            },
+            Opcode::MetaCommit => {
+                Request::MetaCommit { blob: Wire::get(r)?, row_version: Wire::get(r)?, txn: Wire::get(r)? }
+            }
+            Opcode::MetaAbort => {
+                Request::MetaAbort { blob: Wire::get(r)?, row_version: Wire::get(r)?, txn: Wire::get(r)? }
+            }
+            Opcode::AssignRows => Request::AssignRows { assignment: Wire::get(r)? },
+            Opcode::Heartbeat => Request::Heartbeat(Wire::get(r)?),
+            Opcode::GetTlt => Request::GetTlt { have_version: Wire::get(r)? },
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+/// Why a request failed. The kind tells the caller what to do: retry after
+/// refreshing the TLT, retry elsewhere, fix the request, or give up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The frame could not be parsed; the connection will be closed.
+    BadFrame = 1,
+    UnknownOpcode = 2,
+    /// The message was well-framed but its content is invalid.
+    BadRequest = 3,
+    /// The request's TLT row version is not this server's; fetch the TLT.
+    StaleVersion = 4,
+    /// This server is not (or not primary) in the row the request maps to.
+    NotOwner = 5,
+    NoSuchBlob = 6,
+    BlobExists = 7,
+    /// Offset or length outside the tract or blob.
+    OutOfRange = 8,
+    /// No free tract slot on this disk.
+    DiskFull = 9,
+    /// Stored data failed its CRC: read another replica.
+    Corrupt = 10,
+    /// The request's data did not match its CRCs (damaged in flight).
+    BadCrc = 11,
+    /// A concurrent metadata operation holds the blob; retry.
+    Conflict = 12,
+    /// The server is starting or rebuilding; retry shortly.
+    NotReady = 13,
+    Busy = 14,
+    Internal = 15,
+    /// The peer belongs to another cluster.
+    WrongCluster = 16,
+    /// The disk returned an I/O error.
+    Io = 17,
+    /// A replica refused the two-phase commit; the change was not made.
+    Aborted = 18,
+}
+
+impl ErrorCode {
+    pub fn from_u16(v: u16) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        [
+            BadFrame,
+            UnknownOpcode,
+            BadRequest,
+            StaleVersion,
+            NotOwner,
+            NoSuchBlob,
+            BlobExists,
+            OutOfRange,
+            DiskFull,
+            Corrupt,
+            BadCrc,
+            Conflict,
+            NotReady,
+            Busy,
+            Internal,
+            WrongCluster,
+            Io,
+            Aborted,
+        ]
+        .into_iter()
+        .find(|c| *c as u16 == v)
+    }
+
+    /// Whether trying again (after a TLT refresh, or a pause) may succeed.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::StaleVersion
+                | ErrorCode::NotOwner
+                | ErrorCode::Conflict
+                | ErrorCode::NotReady
+                | ErrorCode::Busy
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    /// For `StaleVersion`: the server's version of the row.
+    pub current_version: u64,
+    pub message: String,
+}
+
+impl ErrorReply {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorReply { code, current_version: 0, message: message.into() }
+    }
+}
+
+impl Wire for ErrorReply {
+    const MIN_LEN: usize = 2 + 8 + 4;
+    fn put(&self, w: &mut Writer) {
+        (self.code as u16).put(w);
+        self.current_version.put(w);
+        self.message.put(w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let code = u16::get(r)?;
+        let code = ErrorCode::from_u16(code)
+            .ok_or(DecodeError::BadValue { field: "error code", value: code as u64 })?;
+        Ok(ErrorReply { code, current_version: Wire::get(r)?, message: Wire::get(r)? })
+    }
+}
+
+/// A successful reply's meta part. Data (for `ReadTract`) travels beside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// Success with nothing to report.
+    Done,
+    /// Tract bytes follow in the data part; one CRC32C per piece.
+    Read {
+        crcs: Vec<u32>,
+    },
+    Blob(BlobMeta),
+    Heartbeat(HeartbeatReply),
+    /// `None` when the caller's TLT is current.
+    Tlt(Option<Tlt>),
+    ClusterStatus(ClusterStatus),
+    ClusterParams(ClusterParams),
+}
+
+const STATUS_OK: u16 = 0;
+const STATUS_ERR: u16 = 1;
+
+/// Encodes a response's meta part.
+pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
+    let mut w = Writer::new();
+    match res {
+        Err(e) => {
+            STATUS_ERR.put(&mut w);
+            e.put(&mut w);
+        }
+        Ok(reply) => {
+            STATUS_OK.put(&mut w);
+            match reply {
+                Reply::Done => {}
+                Reply::Read { crcs } => crcs.put(&mut w),
+                Reply::Blob(m) => m.put(&mut w),
+                Reply::Heartbeat(h) => h.put(&mut w),
+                Reply::Tlt(t) => t.put(&mut w),
+                Reply::ClusterStatus(s) => s.put(&mut w),
+                Reply::ClusterParams(p) => p.put(&mut w),
+            }
+        }
+    }
+    w.buf.freeze()
+}
+
+/// Decodes a response's meta part for a request of opcode `op`.
+pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorReply>, DecodeError> {
+    let mut r = Reader::new(meta);
+    let r = &mut r;
+    let status = u16::get(r)?;
+    let res = match status {
+        STATUS_ERR => Err(ErrorReply::get(r)?),
+        STATUS_OK => Ok(match op {
+            Opcode::Ping
+            | Opcode::WriteTract
+            | Opcode::DeleteTract
+            | Opcode::MetaPrepare
+            | Opcode::MetaCommit
+            | Opcode::MetaAbort
+            | Opcode::AssignRows => Reply::Done,
+            Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
+            Opcode::CreateBlob | Opcode::ExtendBlob | Opcode::DeleteBlob | Opcode::GetBlob => {
+                Reply::Blob(Wire::get(r)?)
+            }
+            Opcode::Heartbeat => Reply::Heartbeat(Wire::get(r)?),
+            Opcode::GetTlt => Reply::Tlt(Wire::get(r)?),
+            Opcode::ClusterStatus => Reply::ClusterStatus(Wire::get(r)?),
+            Opcode::ClusterParams => Reply::ClusterParams(Wire::get(r)?),
+        }),
+        v => return Err(DecodeError::BadValue { field: "status", value: v as u64 }),
+    };
+    r.finish()?;
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn addr() -> TractAddr {
+        TractAddr { blob: BlobId(0x11), incarnation: 2, tract: TractNo(3), row_version: 4 }
+    }
+
+    /// A write request's meta bytes are pinned: changing them is a protocol change.
+    #[test]
+    fn write_tract_golden_bytes() {
+        let req = Request::WriteTract { addr: addr(), offset: 4096, crcs: vec![0xaabbccdd] };
+        let b = req.encode();
+        let mut want = vec![0x11];
+        want.extend_from_slice(&[0; 15]);
+        want.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[4, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[0, 0x10, 0, 0]);
+        want.extend_from_slice(&[1, 0, 0, 0, 0xdd, 0xcc, 0xbb, 0xaa]);
+        assert_eq!(&b[..], &want[..]);
+        assert_eq!(Request::decode(Opcode::WriteTract, &b), Ok(req));
+    }
+
+    fn samples() -> Vec<Request> {
+        let meta = BlobMeta { blob: BlobId(9), incarnation: 1, replication: 3, size_tracts: 10, version: 2 };
+        let assignment = Assignment {
+            cluster_id: 5,
+            tract_size: 8 << 20,
+            replication: 3,
+            tlt_len: 28,
+            tlt_version: 7,
+            rows: vec![AssignedRow { row: 3, version: 2, members: vec![TsId(1), TsId(2), TsId(3)] }],
+        };
+        vec![
+            Request::Ping,
+            Request::WriteTract { addr: addr(), offset: 1, crcs: vec![1, 2] },
+            Request::ReadTract { addr: addr(), offset: 7, len: 100 },
+            Request::DeleteTract { addr: addr() },
+            Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
+            Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
+            Request::DeleteBlob { blob: BlobId(1), row_version: 2 },
+            Request::GetBlob { blob: BlobId(1), row_version: 2 },
+            Request::MetaPrepare {
+                blob: BlobId(1),
+                row_version: 2,
+                txn: 3,
+                expected_version: 4,
+                new: Some(meta),
+            },
+            Request::MetaPrepare { blob: BlobId(1), row_version: 2, txn: 3, expected_version: 4, new: None },
+            Request::MetaCommit { blob: BlobId(1), row_version: 2, txn: 3 },
+            Request::MetaAbort { blob: BlobId(1), row_version: 2, txn: 3 },
+            Request::AssignRows { assignment: assignment.clone() },
+            Request::Heartbeat(Heartbeat {
+                ts_id: TsId(77),
+                addr: "127.0.0.1:1".into(),
+                domain: "rack1".into(),
+                tract_size: 4096,
+                slots_total: 10,
+                slots_used: 3,
+                load: 1,
+                disk_mbps: 100,
+                assignment: Some(assignment),
+            }),
+            Request::GetTlt { have_version: 3 },
+            Request::ClusterStatus,
+            Request::ClusterParams,
+        ]
+    }
+
+    /// Every request kind survives an encode/decode round trip.
+    #[test]
+    fn requests_round_trip() {
+        for req in samples() {
+            let b = req.encode();
+            assert_eq!(Request::decode(req.opcode(), &b), Ok(req));
+        }
+    }
+
+    /// Every proper prefix of every request is rejected without a panic.
+    #[test]
+    fn truncated_requests_are_rejected() {
+        for req in samples() {
+            let b = req.encode();
+            for n in 0..b.len() {
+                assert!(Request::decode(req.opcode(), &b[..n]).is_err(), "{req:?} prefix {n} accepted");
+            }
+        }
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let tlt = Tlt {
+            cluster_id: 1,
+            tract_size: 4096,
+            replication: 1,
+            version: 2,
+            members: vec![TltMember { id: TsId(1), addr: "a:1".into(), domain: "d".into() }],
+            rows: vec![TltRow { version: 1, members: vec![0] }],
+        };
+        let cases = vec![
+            (Opcode::Ping, Ok(Reply::Done)),
+            (Opcode::ReadTract, Ok(Reply::Read { crcs: vec![1, 2, 3] })),
+            (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
+            (Opcode::GetTlt, Ok(Reply::Tlt(None))),
+            (
+                Opcode::WriteTract,
+                Err(ErrorReply {
+                    code: ErrorCode::StaleVersion,
+                    current_version: 9,
+                    message: "stale".into(),
+                }),
+            ),
+        ];
+        for (op, res) in cases {
+            let b = encode_response(&res);
+            assert_eq!(decode_response(op, &b), Ok(res));
+        }
+    }
+
+    proptest! {
+        /// Arbitrary bytes never make any decoder panic.
+        #[test]
+        fn garbage_never_panics(op in 0usize..Opcode::ALL.len(), bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let op = Opcode::ALL[op];
+            let _ = Request::decode(op, &bytes);
+            let _ = decode_response(op, &bytes);
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The calling side of a connection: many requests in flight, each waiting
+//! for the reply with its id.
+//!
+//! Invariant: every request registered in `pending` is completed exactly
+//! once: by its reply, by the connection failing (all pending fail with
+//! `ConnectionLost`), or by its caller giving up (the entry is removed).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use blizzard_env::{BoxStream, Env};
+use blizzard_proto::{
+    decode_response, DecodeError, ErrorReply, FrameHeader, FrameKind, Opcode, Reply, Request,
+};
+
+use crate::frame_io::{read_frame, write_queued, Outgoing, ReadFrameError};
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RpcError {
+    #[error("cannot connect to {addr}: {message}")]
+    Connect { addr: String, message: String },
+    #[error("connection to {0} lost")]
+    ConnectionLost(String),
+    #[error("no reply from {0} in time")]
+    Timeout(String),
+    #[error("peer {addr} sent an undecodable reply: {error}")]
+    Decode { addr: String, error: DecodeError },
+    #[error("peer {addr} replied: {reply}")]
+    Remote { addr: String, reply: ErrorReply },
+}
+
+impl RpcError {
+    /// The server's error reply, if the request got that far.
+    pub fn remote(&self) -> Option<&ErrorReply> {
+        match self {
+            RpcError::Remote { reply, .. } => Some(reply),
+            _ => None,
+        }
+    }
+}
+
+type ReplySlot = oneshot::Sender<Result<(Reply, Bytes), RpcError>>;
+
+struct Shared {
+    addr: String,
+    /// Ordered, so failing them all wakes callers in the same order on
+    /// every run (the simulator replays runs exactly).
+    pending: Mutex<BTreeMap<u64, ReplySlot>>,
+    closed: AtomicBool,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, ReplySlot>> {
+        match self.pending.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn fail_all(&self) {
+        self.closed.store(true, Ordering::Release);
+        let drained = std::mem::take(&mut *self.lock());
+        for (_, slot) in drained {
+            let _ = slot.send(Err(RpcError::ConnectionLost(self.addr.clone())));
+        }
+    }
+}
+
+/// Most frames queued for the writer task before callers wait.
+const SEND_QUEUE_MAX: usize = 256;
+
+/// One multiplexed connection. Cheap to clone.
+#[derive(Clone)]
+pub struct RpcConn {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Outgoing>,
+}
+
+/// Removes a pending entry if its caller stops waiting (timeout, cancel).
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().remove(&self.id);
+    }
+}
+
+impl RpcConn {
+    /// Dials `addr` through the env and starts the connection's tasks.
+    pub async fn connect(env: &Env, addr: &str) -> Result<RpcConn, RpcError> {
+        let stream = env
+            .connect(addr)
+            .await
+            .map_err(|e| RpcError::Connect { addr: addr.to_string(), message: e.to_string() })?;
+        Ok(RpcConn::new(stream, addr.to_string()))
+    }
+
+    /// Wraps an established stream.
+    pub fn new(stream: BoxStream, addr: String) -> RpcConn {
+        let shared = Arc::new(Shared {
+            addr,
+            pending: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+        });
+        let (rd, wr) = tokio::io::split(stream);
+        let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
+        tokio::spawn(writer_task(wr, rx, shared.clone()));
+        tokio::spawn(reader_task(rd, shared.clone()));
+        RpcConn { shared, tx }
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.shared.addr
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire) || self.tx.is_closed()
+    }
+
+    /// Sends `req` with `data` and waits for its reply. Remote errors come
+    /// back as `RpcError::Remote`.
+    pub async fn call(&self, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
+        if self.is_closed() {
+            return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let meta = req.encode();
+        let header = FrameHeader {
+            kind: FrameKind::Request,
+            opcode: req.opcode() as u16,
+            request_id: id,
+            meta_len: meta.len() as u32,
+            data_len: data.len() as u32,
+            meta_crc: blizzard_core::crc::crc32c(&meta),
+        };
+        let (slot, wait) = oneshot::channel();
+        self.shared.lock().insert(id, slot);
+        let _guard = PendingGuard { shared: &self.shared, id };
+        // The reader may have failed everything between the check above and
+        // the insert; checking again closes that window.
+        if self.is_closed() {
+            return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
+        }
+        if self.tx.send(Outgoing { header, meta, data }).await.is_err() {
+            return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
+        }
+        match wait.await {
+            Ok(res) => res,
+            Err(_) => Err(RpcError::ConnectionLost(self.shared.addr.clone())),
+        }
+    }
+
+    /// `call` with a deadline.
+    pub async fn call_timeout(
+        &self,
+        env: &Env,
+        timeout: std::time::Duration,
+        req: &Request,
+        data: Bytes,
+    ) -> Result<(Reply, Bytes), RpcError> {
+        match env.timeout(timeout, self.call(req, data)).await {
+            Ok(r) => r,
+            Err(_) => Err(RpcError::Timeout(self.shared.addr.clone())),
+        }
+    }
+}
+
+async fn writer_task(wr: tokio::io::WriteHalf<BoxStream>, rx: mpsc::Receiver<Outgoing>, shared: Arc<Shared>) {
+    write_queued(wr, rx).await;
+    shared.fail_all();
+}
+
+async fn reader_task(mut rd: tokio::io::ReadHalf<BoxStream>, shared: Arc<Shared>) {
+    loop {
+        let frame = match read_frame(&mut rd).await {
+            Ok(f) => f,
+            Err(ReadFrameError::BadMeta { request_id, .. }) => {
+                let slot = shared.lock().remove(&request_id);
+                if let Some(slot) = slot {
+                    let _ = slot.send(Err(RpcError::Decode {
+                        addr: shared.addr.clone(),
+                        error: DecodeError::BadValue { field: "reply meta crc", value: 0 },
+                    }));
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(addr = %shared.addr, error = %e, "connection closed");
+                break;
+            }
+        };
+        if frame.header.kind != FrameKind::Response {
+            tracing::warn!(addr = %shared.addr, "peer sent a request on a client connection; closing");
+            break;
+        }
+        let slot = shared.lock().remove(&frame.header.request_id);
+        let Some(slot) = slot else {
+            // The caller gave up (timeout); the reply is dropped.
+            continue;
+        };
+        let res = match Opcode::from_u16(frame.header.opcode) {
+            None => Err(RpcError::Decode {
+                addr: shared.addr.clone(),
+                error: DecodeError::BadValue { field: "opcode", value: frame.header.opcode as u64 },
+            }),
+            Some(op) => match decode_response(op, &frame.meta) {
+                Err(error) => Err(RpcError::Decode { addr: shared.addr.clone(), error }),
+                Ok(Err(reply)) => Err(RpcError::Remote { addr: shared.addr.clone(), reply }),
+                Ok(Ok(reply)) => Ok((reply, frame.data)),
+            },
+        };
+        let _ = slot.send(res);
+    }
+    shared.fail_all();
+}

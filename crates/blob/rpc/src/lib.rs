@@ -1,0 +1,13 @@
+//! Connections that carry the blob protocol. A [`RpcConn`] multiplexes many
+//! requests over one stream (request ids, replies in any order); [`serve`]
+//! runs a [`Service`] behind a listener, one task per request, with bounded
+//! memory per connection. Streams come from the env seam, so the same code
+//! runs over TCP, unix sockets and the simulator's links.
+
+mod conn;
+mod frame_io;
+mod server;
+
+pub use conn::{RpcConn, RpcError};
+pub use frame_io::{read_frame, write_frame, Frame, ReadFrameError};
+pub use server::{serve, serve_conn, ServerLimits, Service, Shutdown, ShutdownHandle};

@@ -1,0 +1,272 @@
+//! The serving side: accept connections, read frames under a memory budget,
+//! run each request as its own task, send replies as they complete.
+//!
+//! Malformed input never panics and never allocates beyond the limits: a
+//! frame whose header fails its checks gets one `BadFrame` reply and the
+//! connection is closed (it can no longer be framed); a well-framed request
+//! with a bad meta CRC, an unknown opcode or an undecodable body gets an
+//! error reply and the connection carries on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tokio::sync::{mpsc, Notify, Semaphore};
+
+use blizzard_core::crc::crc32c;
+use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
+use blizzard_env::{BoxStream, Env, Listener};
+use blizzard_proto::{
+    encode_response, ErrorCode, ErrorReply, FrameHeader, FrameKind, Opcode, Reply, Request,
+};
+
+use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError};
+
+/// A request handler. Each call runs as its own task.
+pub trait Service: Send + Sync + 'static {
+    /// Handles one request; returns the reply and its data part.
+    fn call(
+        self: Arc<Self>,
+        req: Request,
+        data: Bytes,
+    ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)>;
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerLimits {
+    /// Bytes of requests (and of read replies) one connection may hold in
+    /// memory at once; reading stops until some are released.
+    pub inflight_bytes_max: usize,
+    /// Requests one connection may have running at once.
+    pub inflight_requests_max: usize,
+    /// Once a header has arrived, the rest of its frame must follow within
+    /// this time, so a stalled peer cannot pin a budget forever.
+    pub frame_body_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits {
+            inflight_bytes_max: 256 << 20,
+            inflight_requests_max: 1024,
+            frame_body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+// One maximal frame plus one maximal read reply must always fit, or a
+// connection could wait forever for permits it can never get.
+const FRAME_BYTES_MAX: usize = FRAME_META_MAX as usize + FRAME_DATA_MAX as usize;
+const _: () = assert!(FRAME_BYTES_MAX < u32::MAX as usize / 2);
+
+/// Tells servers to stop. Dropping the handle also stops them.
+///
+/// Built on `Notify` rather than a `watch` channel: a watch wakes its
+/// receivers in an order drawn from an unseeded thread-local random number,
+/// which would break the simulator's exact replay.
+pub struct ShutdownHandle(Arc<ShutdownState>);
+
+struct ShutdownState {
+    triggered: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+#[derive(Clone)]
+pub struct Shutdown(Arc<ShutdownState>);
+
+impl ShutdownHandle {
+    pub fn new() -> (ShutdownHandle, Shutdown) {
+        let s = Arc::new(ShutdownState { triggered: false.into(), notify: Notify::new() });
+        (ShutdownHandle(s.clone()), Shutdown(s))
+    }
+
+    pub fn trigger(&self) {
+        self.0.triggered.store(true, std::sync::atomic::Ordering::Release);
+        self.0.notify.notify_waiters();
+    }
+}
+
+impl Drop for ShutdownHandle {
+    fn drop(&mut self) {
+        self.trigger();
+    }
+}
+
+impl Shutdown {
+    /// Resolves once shutdown is triggered (or its handle dropped).
+    pub async fn wait(&mut self) {
+        loop {
+            let notified = self.0.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_triggered() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn is_triggered(&self) -> bool {
+        self.0.triggered.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Accepts connections on `listener` until shutdown.
+pub async fn serve(
+    env: Env,
+    listener: Box<dyn Listener>,
+    service: Arc<dyn Service>,
+    limits: ServerLimits,
+    mut shutdown: Shutdown,
+) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = shutdown.wait() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                tokio::spawn(serve_conn(
+                    env.clone(),
+                    stream,
+                    peer,
+                    service.clone(),
+                    limits.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: pause instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                env.sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn reply_frame(request_id: u64, opcode: u16, res: &Result<Reply, ErrorReply>, data: Bytes) -> Outgoing {
+    let meta = encode_response(res);
+    Outgoing {
+        header: FrameHeader {
+            kind: FrameKind::Response,
+            opcode,
+            request_id,
+            meta_len: meta.len() as u32,
+            data_len: data.len() as u32,
+            meta_crc: crc32c(&meta),
+        },
+        meta,
+        data,
+    }
+}
+
+fn error_frame(request_id: u64, opcode: u16, code: ErrorCode, message: String) -> Outgoing {
+    reply_frame(request_id, opcode, &Err(ErrorReply::new(code, message)), Bytes::new())
+}
+
+/// Serves one connection until the peer leaves, the stream breaks, the
+/// stream becomes unframed, or shutdown.
+pub async fn serve_conn(
+    env: Env,
+    stream: BoxStream,
+    peer: String,
+    service: Arc<dyn Service>,
+    limits: ServerLimits,
+    mut shutdown: Shutdown,
+) {
+    let (mut rd, wr) = tokio::io::split(stream);
+    let (tx, rx) = mpsc::channel::<Outgoing>(limits.inflight_requests_max.max(1));
+    let writer = tokio::spawn(write_queued(wr, rx));
+    let budget_bytes = limits.inflight_bytes_max.max(2 * FRAME_BYTES_MAX);
+    let bytes = Arc::new(Semaphore::new(budget_bytes));
+    let requests = Arc::new(Semaphore::new(limits.inflight_requests_max.max(1)));
+
+    loop {
+        let header = tokio::select! {
+            biased;
+            _ = shutdown.wait() => break,
+            h = read_header(&mut rd) => h,
+        };
+        let header = match header {
+            Ok(h) if h.kind == FrameKind::Request => h,
+            Ok(h) => {
+                let _ = tx
+                    .send(error_frame(
+                        h.request_id,
+                        h.opcode,
+                        ErrorCode::BadFrame,
+                        "expected a request frame".into(),
+                    ))
+                    .await;
+                break;
+            }
+            Err(ReadFrameError::BadHeader(e)) => {
+                tracing::debug!(%peer, error = %e, "unframed input; closing");
+                let _ = tx.send(error_frame(0, 0, ErrorCode::BadFrame, e.to_string())).await;
+                break;
+            }
+            Err(_) => break,
+        };
+        // Bounded by FrameHeader::decode, so the cast and the permit count are safe.
+        let frame_bytes = header.meta_len as usize + header.data_len as usize;
+        let (Ok(req_permit), Ok(frame_permit)) = (
+            requests.clone().acquire_owned().await,
+            bytes.clone().acquire_many_owned(frame_bytes as u32).await,
+        ) else {
+            break;
+        };
+        let frame = match env.timeout(limits.frame_body_timeout, read_body(&mut rd, header)).await {
+            Ok(Ok(f)) => f,
+            Ok(Err(ReadFrameError::BadMeta { request_id, opcode, error })) => {
+                let _ =
+                    tx.send(error_frame(request_id, opcode, ErrorCode::BadFrame, error.to_string())).await;
+                continue;
+            }
+            Ok(Err(_)) => break,
+            Err(_) => {
+                tracing::debug!(%peer, "frame body did not arrive in time; closing");
+                break;
+            }
+        };
+        let (id, opcode) = (header.request_id, header.opcode);
+        let Some(op) = Opcode::from_u16(opcode) else {
+            let _ = tx
+                .send(error_frame(
+                    id,
+                    opcode,
+                    ErrorCode::UnknownOpcode,
+                    format!("unknown opcode {opcode:#06x}"),
+                ))
+                .await;
+            continue;
+        };
+        let req = match Request::decode(op, &frame.meta) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(error_frame(id, opcode, ErrorCode::BadRequest, format!("{op:?}: {e}"))).await;
+                continue;
+            }
+        };
+        // A read's reply will hold `len` bytes; reserve them before running it.
+        let reply_bytes = match &req {
+            Request::ReadTract { len, .. } => (*len).min(FRAME_DATA_MAX),
+            _ => 0,
+        };
+        let Ok(reply_permit) = bytes.clone().acquire_many_owned(reply_bytes).await else {
+            break;
+        };
+        let tx = tx.clone();
+        let service = service.clone();
+        tokio::spawn(async move {
+            let (res, data) = service.call(req, frame.data).await;
+            let _ = tx.send(reply_frame(id, opcode, &res, data)).await;
+            drop((req_permit, frame_permit, reply_permit));
+        });
+    }
+    drop(tx);
+    // Queued replies still go out; the writer ends when the last running
+    // request drops its sender.
+    let _ = writer.await;
+}

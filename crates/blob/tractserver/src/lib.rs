@@ -1,0 +1,19 @@
+//! The tractserver (FDS §2.1): owns one disk, laid out as fixed tract slots
+//! with an on-disk tract table, and serves reads and writes of tracts and of
+//! byte ranges inside them. Writes are acknowledged only once durable, and
+//! concurrent writes share one `fdatasync`. Every stored chunk carries the
+//! writer's CRC32C. The primary of a TLT row also serializes and commits,
+//! two-phase, the metadata of the blobs whose tract −1 maps to its row.
+//!
+//! Modules, bottom up: `layout` (the disk format), `commit` (group commit),
+//! `store` (tracts in slots, recovery), `service` (the request handlers and
+//! the TLT row checks), `server` (start-up, heartbeats, the entry point).
+
+pub mod commit;
+pub mod layout;
+pub mod server;
+pub mod service;
+pub mod store;
+
+pub use server::{start, TractServerConfig, TractServerError, TractServerHandle};
+pub use store::{PlantedBug, Store, StoreError};

@@ -1,0 +1,231 @@
+//! Start-up and the tractserver's life: open (or format) the disk, rebuild
+//! tract metadata, listen, and heartbeat to the metadata server with
+//! capacity, load and the stored TLT assignment (from which a restarted
+//! metadata server rebuilds the table, FDS §2.2).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use blizzard_core::TsId;
+use blizzard_env::Env;
+use blizzard_proto::codec::decode;
+use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
+use blizzard_rpc::{serve, RpcConn, ServerLimits, Shutdown, ShutdownHandle};
+
+use crate::layout::LayoutError;
+use crate::service::{RowIndex, TractService};
+use crate::store::{Store, StoreError};
+
+#[derive(Clone, Debug)]
+pub struct TractServerConfig {
+    /// The disk: a block device or a file.
+    pub disk: PathBuf,
+    /// Create the disk file with this many bytes if it does not exist.
+    pub disk_size: Option<u64>,
+    /// Address to listen on (`host:port`; port 0 picks one).
+    pub listen: String,
+    /// Address to tell the metadata server (defaults to the bound address).
+    pub advertise: Option<String>,
+    pub meta: String,
+    pub failure_domain: String,
+    pub heartbeat_interval: Duration,
+    pub request_timeout: Duration,
+    /// Delay injected before each tract read and write (benchmarks only).
+    pub io_delay: Duration,
+    pub limits: ServerLimits,
+    /// A bug planted on purpose (simulator and tests only).
+    #[doc(hidden)]
+    pub planted_bug: crate::store::PlantedBug,
+}
+
+impl TractServerConfig {
+    pub fn new(disk: impl Into<PathBuf>, listen: impl Into<String>, meta: impl Into<String>) -> Self {
+        TractServerConfig {
+            disk: disk.into(),
+            disk_size: None,
+            listen: listen.into(),
+            advertise: None,
+            meta: meta.into(),
+            failure_domain: String::new(),
+            heartbeat_interval: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(10),
+            io_delay: Duration::ZERO,
+            limits: ServerLimits::default(),
+            planted_bug: crate::store::PlantedBug::None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TractServerError {
+    #[error("cannot open disk {path}: {error}")]
+    Disk { path: String, error: std::io::Error },
+    #[error("disk {path}: {error}")]
+    Store { path: String, error: StoreError },
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
+    #[error("the stored TLT assignment on {0} is unreadable; the disk may be damaged")]
+    BadAssignment(String),
+}
+
+/// A running tractserver.
+pub struct TractServerHandle {
+    pub id: TsId,
+    /// The address peers dial.
+    pub addr: String,
+    pub service: Arc<TractService>,
+    shutdown: ShutdownHandle,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl TractServerHandle {
+    /// Stops accepting, closes connections and stops heartbeating. Requests
+    /// already running finish on their own.
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Runs until the server's tasks end (they do not, short of shutdown).
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Opens the disk, formats it if new (asking the metadata server for the
+/// cluster's tract size), and starts serving and heartbeating.
+pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle, TractServerError> {
+    let path = cfg.disk.display().to_string();
+    let disk = env
+        .open_disk(&cfg.disk, cfg.disk_size)
+        .await
+        .map_err(|error| TractServerError::Disk { path: path.clone(), error })?;
+    let store = match Store::open(disk.clone()).await {
+        Ok(s) => s,
+        Err(StoreError::Layout(LayoutError::Unformatted)) => {
+            let params = cluster_params(&env, &cfg.meta).await;
+            tracing::info!(disk = %path, tract_size = params.tract_size, "formatting new disk");
+            Store::format(disk, TsId(env.random_u128()), params.tract_size, env.clock.as_ref())
+                .await
+                .map_err(|error| TractServerError::Store { path: path.clone(), error })?
+        }
+        Err(error) => return Err(TractServerError::Store { path, error }),
+    };
+    store.plant_bug(cfg.planted_bug);
+    let store = Arc::new(store);
+    let me = store.disk_id();
+    let assignment = match store.assignment().await {
+        Some(b) => decode::<Assignment>(&b).map_err(|_| TractServerError::BadAssignment(path.clone()))?,
+        None => Assignment::default(),
+    };
+    let mut service =
+        TractService::new(env.clone(), store.clone(), cfg.meta.clone(), RowIndex::new(me, assignment));
+    service.request_timeout = cfg.request_timeout;
+    service.io_delay = cfg.io_delay;
+    let service = Arc::new(service);
+    let metas =
+        service.load_metas().await.map_err(|error| TractServerError::Store { path: path.clone(), error })?;
+
+    let listener = env
+        .bind(&cfg.listen)
+        .await
+        .map_err(|error| TractServerError::Bind { addr: cfg.listen.clone(), error })?;
+    let addr = cfg.advertise.clone().unwrap_or_else(|| listener.local_addr());
+    let (slots, used) = store.usage();
+    tracing::info!(id = %me, %addr, slots, used, blobs = metas, "tractserver serving");
+
+    let (shutdown, rx) = ShutdownHandle::new();
+    let tasks = vec![
+        tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
+        tokio::spawn(heartbeat_loop(env, service.clone(), cfg, addr.clone(), rx)),
+    ];
+    Ok(TractServerHandle { id: me, addr, service, shutdown, tasks })
+}
+
+/// Asks the metadata server for the cluster's parameters, waiting for it.
+async fn cluster_params(env: &Env, meta: &str) -> ClusterParams {
+    let mut warned = false;
+    loop {
+        let res = match RpcConn::connect(env, meta).await {
+            Ok(c) => c.call_timeout(env, Duration::from_secs(5), &Request::ClusterParams, Bytes::new()).await,
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok((Reply::ClusterParams(p), _)) => return p,
+            Ok(_) => tracing::warn!("metadata server sent an unexpected reply to ClusterParams"),
+            Err(e) if !warned => {
+                tracing::warn!(%meta, error = %e, "waiting for the metadata server before formatting the disk");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+        env.sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn heartbeat_loop(
+    env: Env,
+    service: Arc<TractService>,
+    cfg: TractServerConfig,
+    addr: String,
+    mut shutdown: Shutdown,
+) {
+    let mut conn: Option<RpcConn> = None;
+    let mut interval = cfg.heartbeat_interval;
+    let mut failing = false;
+    loop {
+        if conn.as_ref().is_none_or(|c| c.is_closed()) {
+            conn = RpcConn::connect(&env, &cfg.meta).await.ok();
+        }
+        if let Some(c) = &conn {
+            let (slots_total, slots_used) = service.store.usage();
+            let rows = service.row_index();
+            let hb = Heartbeat {
+                ts_id: service.store.disk_id(),
+                addr: addr.clone(),
+                domain: cfg.failure_domain.clone(),
+                tract_size: service.store.tract_size(),
+                slots_total,
+                slots_used,
+                load: service.inflight.load(Ordering::Relaxed),
+                disk_mbps: service.store.disk_mbps(),
+                assignment: (rows.assignment.cluster_id != 0).then_some(rows.assignment),
+            };
+            match c.call_timeout(&env, cfg.request_timeout, &Request::Heartbeat(hb), Bytes::new()).await {
+                Ok((Reply::Heartbeat(r), _)) => {
+                    if failing {
+                        tracing::info!(meta = %cfg.meta, "metadata server reachable again");
+                        failing = false;
+                    }
+                    interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
+                    let fence = r.action == HeartbeatAction::StopServing;
+                    if fence && !service.fenced.swap(true, Ordering::AcqRel) {
+                        tracing::error!("the metadata server removed this tractserver from the cluster; refusing requests");
+                    }
+                }
+                Ok(_) => tracing::warn!("unexpected heartbeat reply"),
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(meta = %cfg.meta, error = %e, "heartbeat failed");
+                        failing = true;
+                    }
+                    conn = None;
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.wait() => return,
+            _ = env.sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,557 @@
+//! Request handling. Every tract request names its blob, tract and TLT row
+//! version; the tractserver recomputes the row from its stored assignment
+//! and serves only rows it holds at exactly that version (FDS §3.1), so a
+//! client with a stale table is told to refresh instead of being trusted.
+//!
+//! Blob metadata (tract −1) changes are serialized per blob by the row's
+//! primary and committed on every replica of the row two-phase (FDS §3.1):
+//! prepare on all, then commit locally, then commit on the others. A
+//! prepare carries the full new metadata, so a replica that missed an
+//! earlier change is brought up to date by the next one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use blizzard_core::tlt::locator;
+use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+use blizzard_env::Env;
+use blizzard_proto::codec::{decode, encode};
+use blizzard_proto::{Assignment, BlobMeta, ErrorCode, ErrorReply, ExtendMode, Reply, Request, TractAddr};
+use blizzard_rpc::{RpcConn, RpcError, Service};
+
+use crate::store::{Store, StoreError};
+
+/// Largest blob size in tracts (keeps tract numbers far from overflow).
+pub const BLOB_TRACTS_MAX: u64 = 1 << 40;
+
+/// The rows this tractserver holds, indexed for the per-request check.
+#[derive(Clone, Debug, Default)]
+pub struct RowIndex {
+    pub assignment: Assignment,
+    /// row → (version, this server's column, members)
+    rows: HashMap<u32, (u64, usize, Vec<TsId>)>,
+}
+
+impl RowIndex {
+    pub fn new(me: TsId, assignment: Assignment) -> RowIndex {
+        let rows = assignment
+            .rows
+            .iter()
+            .filter_map(|r| {
+                let col = r.members.iter().position(|m| *m == me)?;
+                Some((r.row, (r.version, col, r.members.clone())))
+            })
+            .collect();
+        RowIndex { assignment, rows }
+    }
+
+    /// Checks that `tract` of `blob` maps to a row this server holds at
+    /// `version`; returns its column and the row's members.
+    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(usize, &[TsId]), ErrorReply> {
+        let len = self.assignment.tlt_len as usize;
+        if len == 0 {
+            return Err(ErrorReply::new(ErrorCode::NotReady, "this tractserver has no TLT assignment yet"));
+        }
+        let row = locator(blob, tract, len) as u32;
+        let Some((v, col, members)) = self.rows.get(&row) else {
+            return Err(ErrorReply {
+                code: ErrorCode::NotOwner,
+                current_version: 0,
+                message: format!("row {row} is not served here; refresh the TLT"),
+            });
+        };
+        if *v != version {
+            return Err(ErrorReply {
+                code: ErrorCode::StaleVersion,
+                current_version: *v,
+                message: format!("row {row} is at version {v}, request used {version}; refresh the TLT"),
+            });
+        }
+        Ok((*col, members))
+    }
+}
+
+/// A prepared, not yet committed, metadata change on a replica.
+struct Prepared {
+    txn: u64,
+    new: Option<BlobMeta>,
+}
+
+pub struct TractService {
+    pub env: Env,
+    pub store: Arc<Store>,
+    pub rows: RwLock<RowIndex>,
+    /// Where to find the metadata server (to learn peer addresses).
+    pub meta_addr: String,
+    pub request_timeout: Duration,
+    /// Injected delay before every tract read and write: stands in for a
+    /// remote disk's seek and network time in benchmarks.
+    pub io_delay: Duration,
+    metas: Mutex<HashMap<BlobId, BlobMeta>>,
+    prepared: Mutex<HashMap<BlobId, Prepared>>,
+    blob_locks: Mutex<HashMap<BlobId, Arc<tokio::sync::Mutex<()>>>>,
+    peers: Mutex<HashMap<TsId, String>>,
+    /// Ordered so connections close in the same order on every run.
+    conns: Mutex<BTreeMap<String, RpcConn>>,
+    pub inflight: AtomicU32,
+    /// Set when the metadata server says this server is no longer a member.
+    pub fenced: std::sync::atomic::AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn store_err(e: StoreError) -> ErrorReply {
+    let code = match &e {
+        StoreError::OutOfRange { .. } => ErrorCode::OutOfRange,
+        StoreError::BadCrc(_) => ErrorCode::BadCrc,
+        StoreError::Corrupt { .. } => ErrorCode::Corrupt,
+        StoreError::DiskFull(_) => ErrorCode::DiskFull,
+        StoreError::Io(_) | StoreError::Failed | StoreError::Layout(_) => ErrorCode::Io,
+    };
+    ErrorReply::new(code, e.to_string())
+}
+
+/// Metadata record stored in chunk 0 of tract −1.
+const META_MAGIC: u32 = u32::from_le_bytes(*b"BLOB");
+
+fn encode_meta(m: &BlobMeta) -> Bytes {
+    let body = encode(m);
+    let mut b = Vec::with_capacity(4096);
+    b.extend_from_slice(&META_MAGIC.to_le_bytes());
+    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    b.extend_from_slice(&body);
+    // A whole chunk, so the write never needs a read-modify-write.
+    b.resize(blizzard_core::limits::CHUNK_SIZE as usize, 0);
+    Bytes::from(b)
+}
+
+fn decode_meta(b: &[u8]) -> Option<BlobMeta> {
+    if b.len() < 8 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != META_MAGIC {
+        return None;
+    }
+    let n = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+    decode(b.get(8..8usize.checked_add(n)?)?).ok()
+}
+
+impl TractService {
+    pub fn new(env: Env, store: Arc<Store>, meta_addr: String, rows: RowIndex) -> TractService {
+        TractService {
+            env,
+            store,
+            rows: RwLock::new(rows),
+            meta_addr,
+            request_timeout: Duration::from_secs(10),
+            io_delay: Duration::ZERO,
+            metas: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
+            blob_locks: Mutex::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            conns: Mutex::new(BTreeMap::new()),
+            inflight: AtomicU32::new(0),
+            fenced: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Loads every blob's metadata tract into memory (done once at start).
+    pub async fn load_metas(&self) -> Result<usize, StoreError> {
+        let mut loaded = HashMap::new();
+        for (blob, tract) in self.store.tracts() {
+            if !tract.is_meta() {
+                continue;
+            }
+            let Some(inc) = self.store.incarnation_of(blob, tract).await else { continue };
+            match self.store.read(blob, inc, tract, 0, blizzard_core::limits::CHUNK_SIZE).await {
+                Ok((b, _)) => match decode_meta(&b) {
+                    Some(m) if m.blob == blob && m.incarnation == inc => {
+                        loaded.insert(blob, m);
+                    }
+                    _ => tracing::warn!(%blob, "metadata tract holds no valid record; ignoring it"),
+                },
+                Err(e) => tracing::error!(%blob, error = %e, "cannot read metadata tract"),
+            }
+        }
+        let n = loaded.len();
+        *lock(&self.metas) = loaded;
+        Ok(n)
+    }
+
+    pub fn row_index(&self) -> RowIndex {
+        match self.rows.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(usize, Vec<TsId>), ErrorReply> {
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotOwner,
+                "this tractserver was removed from the cluster",
+            ));
+        }
+        let g = match self.rows.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.check(blob, tract, version).map(|(c, m)| (c, m.to_vec()))
+    }
+
+    fn data_check(&self, a: &TractAddr) -> Result<(), ErrorReply> {
+        if a.tract.0 < 0 || a.tract.0 as u64 >= BLOB_TRACTS_MAX {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!("tract {} is not a data tract", a.tract),
+            ));
+        }
+        self.check(a.blob, a.tract, a.row_version).map(|_| ())
+    }
+
+    async fn handle(self: Arc<Self>, req: Request, data: Bytes) -> (Result<Reply, ErrorReply>, Bytes) {
+        match req {
+            Request::Ping => (Ok(Reply::Done), Bytes::new()),
+            Request::WriteTract { addr, offset, crcs } => {
+                if let Err(e) = self.data_check(&addr) {
+                    return (Err(e), Bytes::new());
+                }
+                if !self.io_delay.is_zero() {
+                    self.env.sleep(self.io_delay).await;
+                }
+                let r = self
+                    .store
+                    .write(addr.blob, addr.incarnation, addr.tract, addr.row_version, offset, data, &crcs)
+                    .await;
+                (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+            }
+            Request::ReadTract { addr, offset, len } => {
+                if let Err(e) = self.data_check(&addr) {
+                    return (Err(e), Bytes::new());
+                }
+                if !self.io_delay.is_zero() {
+                    self.env.sleep(self.io_delay).await;
+                }
+                match self.store.read(addr.blob, addr.incarnation, addr.tract, offset, len).await {
+                    Ok((data, crcs)) => (Ok(Reply::Read { crcs }), data),
+                    Err(e) => (Err(store_err(e)), Bytes::new()),
+                }
+            }
+            Request::DeleteTract { addr } => {
+                if let Err(e) = self.data_check(&addr) {
+                    return (Err(e), Bytes::new());
+                }
+                let r = self.store.delete(addr.blob, addr.incarnation, addr.tract).await;
+                (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+            }
+            Request::GetBlob { blob, row_version } => {
+                let r = self.check(blob, TractNo::META, row_version).and_then(|(col, _)| {
+                    if col != 0 {
+                        return Err(not_primary(blob));
+                    }
+                    lock(&self.metas).get(&blob).copied().map(Reply::Blob).ok_or_else(|| {
+                        ErrorReply::new(ErrorCode::NoSuchBlob, format!("blob {blob} does not exist"))
+                    })
+                });
+                (r, Bytes::new())
+            }
+            Request::CreateBlob { blob, row_version, incarnation, replication } => (
+                self.meta_change(blob, row_version, MetaOp::Create { incarnation, replication }).await,
+                Bytes::new(),
+            ),
+            Request::ExtendBlob { blob, row_version, mode, tracts } => {
+                (self.meta_change(blob, row_version, MetaOp::Extend { mode, tracts }).await, Bytes::new())
+            }
+            Request::DeleteBlob { blob, row_version } => {
+                (self.meta_change(blob, row_version, MetaOp::Delete).await, Bytes::new())
+            }
+            Request::MetaPrepare { blob, row_version, txn, expected_version, new } => {
+                let r = self.check(blob, TractNo::META, row_version).map(|_| {
+                    let cur = lock(&self.metas).get(&blob).map(|m| m.version).unwrap_or(0);
+                    if cur != expected_version {
+                        tracing::info!(%blob, cur, expected_version, "replica metadata differs from the primary's; the commit will bring it up to date");
+                    }
+                    // The primary serializes changes per blob, so a newer
+                    // prepare always supersedes an older one left behind.
+                    lock(&self.prepared).insert(blob, Prepared { txn, new });
+                    Reply::Done
+                });
+                (r, Bytes::new())
+            }
+            Request::MetaCommit { blob, row_version, txn } => {
+                if let Err(e) = self.check(blob, TractNo::META, row_version) {
+                    return (Err(e), Bytes::new());
+                }
+                let p = {
+                    let mut prepared = lock(&self.prepared);
+                    match prepared.get(&blob) {
+                        Some(p) if p.txn == txn => prepared.remove(&blob),
+                        _ => None,
+                    }
+                };
+                let Some(p) = p else {
+                    return (
+                        Err(ErrorReply::new(
+                            ErrorCode::Aborted,
+                            format!("no prepared transaction {txn} for {blob}"),
+                        )),
+                        Bytes::new(),
+                    );
+                };
+                (self.apply_meta(blob, p.new, row_version).await.map(|_| Reply::Done), Bytes::new())
+            }
+            Request::MetaAbort { blob, row_version: _, txn } => {
+                let mut prepared = lock(&self.prepared);
+                if prepared.get(&blob).is_some_and(|p| p.txn == txn) {
+                    prepared.remove(&blob);
+                }
+                (Ok(Reply::Done), Bytes::new())
+            }
+            Request::AssignRows { assignment } => (self.assign(assignment).await, Bytes::new()),
+            Request::Heartbeat(_)
+            | Request::GetTlt { .. }
+            | Request::ClusterStatus
+            | Request::ClusterParams => (
+                Err(ErrorReply::new(ErrorCode::BadRequest, "that request is for the metadata server")),
+                Bytes::new(),
+            ),
+        }
+    }
+
+    /// Installs a new assignment from the metadata server, durably.
+    async fn assign(&self, a: Assignment) -> Result<Reply, ErrorReply> {
+        let me = self.store.disk_id();
+        let cur = self.row_index().assignment;
+        if cur.cluster_id != 0 && a.cluster_id != cur.cluster_id {
+            return Err(ErrorReply::new(
+                ErrorCode::WrongCluster,
+                format!("this disk belongs to cluster {:032x}", cur.cluster_id),
+            ));
+        }
+        if a.tract_size != self.store.tract_size() {
+            return Err(ErrorReply::new(
+                ErrorCode::WrongCluster,
+                format!(
+                    "this disk has {}-byte tracts, the cluster {}",
+                    self.store.tract_size(),
+                    a.tract_size
+                ),
+            ));
+        }
+        if a.tlt_version < cur.tlt_version {
+            return Err(ErrorReply {
+                code: ErrorCode::StaleVersion,
+                current_version: cur.tlt_version,
+                message: "assignment is older than the one stored".into(),
+            });
+        }
+        self.store.save_assignment(&encode(&a)).await.map_err(store_err)?;
+        let rows = a.rows.len();
+        let version = a.tlt_version;
+        *match self.rows.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        } = RowIndex::new(me, a);
+        tracing::info!(rows, tlt_version = version, "stored new TLT assignment");
+        Ok(Reply::Done)
+    }
+
+    /// Writes or deletes a blob's metadata tract here and updates memory.
+    async fn apply_meta(&self, blob: BlobId, new: Option<BlobMeta>, version: u64) -> Result<(), ErrorReply> {
+        let old = lock(&self.metas).get(&blob).copied();
+        match new {
+            Some(m) => {
+                if let Some(o) = old.filter(|o| o.incarnation != m.incarnation) {
+                    self.store.delete(blob, o.incarnation, TractNo::META).await.map_err(store_err)?;
+                }
+                let rec = encode_meta(&m);
+                let crcs = blizzard_core::crc::piece_crcs(0, &rec);
+                self.store
+                    .write(blob, m.incarnation, TractNo::META, version, 0, rec, &crcs)
+                    .await
+                    .map_err(store_err)?;
+                lock(&self.metas).insert(blob, m);
+            }
+            None => {
+                if let Some(o) = old {
+                    self.store.delete(blob, o.incarnation, TractNo::META).await.map_err(store_err)?;
+                }
+                lock(&self.metas).remove(&blob);
+            }
+        }
+        Ok(())
+    }
+
+    fn blob_lock(&self, blob: BlobId) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.blob_locks).entry(blob).or_default().clone()
+    }
+
+    /// A metadata change at the primary: serialize, prepare everywhere,
+    /// commit here, commit everywhere.
+    async fn meta_change(&self, blob: BlobId, row_version: u64, op: MetaOp) -> Result<Reply, ErrorReply> {
+        let (col, members) = self.check(blob, TractNo::META, row_version)?;
+        if col != 0 {
+            return Err(not_primary(blob));
+        }
+        let blob_lock = self.blob_lock(blob);
+        let _serial = blob_lock.lock().await;
+        let cur = lock(&self.metas).get(&blob).copied();
+        let new: Option<BlobMeta> = match (op, cur) {
+            (MetaOp::Create { .. }, Some(_)) => {
+                return Err(ErrorReply::new(ErrorCode::BlobExists, format!("blob {blob} already exists")))
+            }
+            (MetaOp::Create { incarnation, replication }, None) => {
+                let max = self.row_index().assignment.replication;
+                if replication == 0 || replication > max {
+                    return Err(ErrorReply::new(
+                        ErrorCode::BadRequest,
+                        format!("replication {replication} is outside 1..={max} (the cluster's maximum)"),
+                    ));
+                }
+                Some(BlobMeta { blob, incarnation, replication, size_tracts: 0, version: 1 })
+            }
+            (_, None) => {
+                return Err(ErrorReply::new(ErrorCode::NoSuchBlob, format!("blob {blob} does not exist")))
+            }
+            (MetaOp::Extend { mode, tracts }, Some(c)) => {
+                let size = match mode {
+                    ExtendMode::By => c.size_tracts.checked_add(tracts),
+                    ExtendMode::To => Some(c.size_tracts.max(tracts)),
+                };
+                let size = size.filter(|s| *s <= BLOB_TRACTS_MAX).ok_or_else(|| {
+                    ErrorReply::new(
+                        ErrorCode::OutOfRange,
+                        format!("blob size would exceed {BLOB_TRACTS_MAX} tracts"),
+                    )
+                })?;
+                if size == c.size_tracts {
+                    return Ok(Reply::Blob(c));
+                }
+                Some(BlobMeta { size_tracts: size, version: c.version + 1, ..c })
+            }
+            (MetaOp::Delete, Some(_)) => None,
+        };
+        let expected_version = cur.map(|c| c.version).unwrap_or(0);
+        let txn = self.env.random_u64();
+        let me = self.store.disk_id();
+        let others: Vec<TsId> = members.into_iter().filter(|m| *m != me).collect();
+
+        // Phase one: every other replica must accept before anything changes.
+        let prepare = Request::MetaPrepare { blob, row_version, txn, expected_version, new };
+        let results = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &prepare))).await;
+        if let Some((who, e)) =
+            others.iter().zip(&results).find_map(|(m, r)| r.as_ref().err().map(|e| (m, e)))
+        {
+            let abort = Request::MetaAbort { blob, row_version, txn };
+            let _ = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &abort))).await;
+            let code = match e.remote().map(|r| r.code) {
+                Some(ErrorCode::StaleVersion) | Some(ErrorCode::NotOwner) => ErrorCode::StaleVersion,
+                _ => ErrorCode::Aborted,
+            };
+            return Err(ErrorReply::new(code, format!("replica {who} refused to prepare: {e}")));
+        }
+        // Phase two: commit here first (this copy is authoritative for the
+        // row), then on the others.
+        self.apply_meta(blob, new, row_version).await?;
+        let commit = Request::MetaCommit { blob, row_version, txn };
+        let results = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &commit))).await;
+        for (m, r) in others.iter().zip(results) {
+            if let Err(e) = r {
+                // The change is committed at the primary; a replica that
+                // missed it is brought up to date by the next prepare.
+                tracing::warn!(%blob, replica = %m, error = %e, "replica failed to commit metadata");
+            }
+        }
+        // A delete answers with the metadata the blob had.
+        new.or(cur)
+            .map(Reply::Blob)
+            .ok_or_else(|| ErrorReply::new(ErrorCode::Internal, "metadata change with no before or after"))
+    }
+
+    async fn peer_addr(&self, id: TsId, refresh: bool) -> Result<String, RpcError> {
+        if !refresh {
+            if let Some(a) = lock(&self.peers).get(&id) {
+                return Ok(a.clone());
+            }
+        }
+        let conn = self.conn(&self.meta_addr.clone()).await?;
+        let (reply, _) = conn
+            .call_timeout(&self.env, self.request_timeout, &Request::GetTlt { have_version: 0 }, Bytes::new())
+            .await?;
+        if let Reply::Tlt(Some(tlt)) = reply {
+            let mut peers = lock(&self.peers);
+            for m in &tlt.members {
+                peers.insert(m.id, m.addr.clone());
+            }
+        }
+        lock(&self.peers).get(&id).cloned().ok_or_else(|| RpcError::Connect {
+            addr: id.to_string(),
+            message: "tractserver is not in the TLT".into(),
+        })
+    }
+
+    async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
+        if let Some(c) = lock(&self.conns).get(addr).filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let c = RpcConn::connect(&self.env, addr).await?;
+        lock(&self.conns).insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    async fn call_peer(&self, id: TsId, req: &Request) -> Result<Reply, RpcError> {
+        let mut last = None;
+        for attempt in 0..2 {
+            let addr = self.peer_addr(id, attempt > 0).await?;
+            let res = match self.conn(&addr).await {
+                Ok(c) => c.call_timeout(&self.env, self.request_timeout, req, Bytes::new()).await,
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok((r, _)) => return Ok(r),
+                Err(e @ RpcError::Remote { .. }) => return Err(e),
+                // The peer may have moved (restart on a new port): look again.
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or(RpcError::ConnectionLost(id.to_string())))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum MetaOp {
+    Create { incarnation: Incarnation, replication: u8 },
+    Extend { mode: ExtendMode, tracts: u64 },
+    Delete,
+}
+
+fn not_primary(blob: BlobId) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::NotOwner,
+        format!("not the primary for blob {blob}'s metadata; refresh the TLT"),
+    )
+}
+
+impl Service for TractService {
+    fn call(
+        self: Arc<Self>,
+        req: Request,
+        data: Bytes,
+    ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
+        async move {
+            self.inflight.fetch_add(1, Ordering::Relaxed);
+            let r = self.clone().handle(req, data).await;
+            self.inflight.fetch_sub(1, Ordering::Relaxed);
+            r
+        }
+        .boxed()
+    }
+}

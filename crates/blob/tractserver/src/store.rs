@@ -1,0 +1,861 @@
+//! The tract store: tracts in fixed slots on one disk, all metadata in
+//! memory, rebuilt from the disk at start (FDS §2.1).
+//!
+//! Invariants:
+//! - A write is acknowledged only after its data, its chunk entries and (if
+//!   new) its slot entry are durable: written, then covered by a group
+//!   commit (`commit.rs`).
+//! - Stored bytes are returned only after their chunk CRC verified; a chunk
+//!   that fails is reported `Corrupt`, never returned.
+//! - A chunk entry counts only if its generation equals its slot's; a slot's
+//!   next generation exceeds every generation found anywhere in its chunk
+//!   entries, so leftovers from a torn or lost write can never come back to
+//!   life in a later tenant.
+//! - In memory, a slot's `(data, chunk entries)` change together under the
+//!   slot's write lock, so readers never see a CRC that does not belong to
+//!   the bytes beside it.
+//!
+//! Recovery cases at open (each logged):
+//!
+//! | on disk                                   | treated as                        |
+//! |-------------------------------------------|-----------------------------------|
+//! | superblock missing                        | unformatted (caller may format)   |
+//! | superblock CRC/version/geometry bad       | refuse to start, say why          |
+//! | both positions slots invalid              | no assignment yet                 |
+//! | one positions slot valid                  | that one                          |
+//! | both valid                                | the higher sequence number        |
+//! | slot entry all zeros                      | free, generation 0                |
+//! | slot entry valid, free                    | free, keeps its generation        |
+//! | slot entry valid, used                    | the tract lives here              |
+//! | slot entry damaged (CRC)                  | quarantined: never reused; logged |
+//! | two used entries for one tract            | higher `alloc_seq` wins, other freed |
+//! | chunk entry generation != slot generation | chunk unwritten (reads as zeros)  |
+//! | chunk CRC mismatch at read                | `Corrupt` (client reads another replica) |
+//!
+//! A crash in the middle of an unacknowledged overwrite can leave a chunk
+//! whose bytes and CRC disagree; it reads as `Corrupt` and the client uses
+//! another replica (re-replication and scrubbing repair it, FDS §3).
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::RwLock;
+
+use blizzard_core::crc::{crc32c, first_bad_piece, piece_count, pieces, zeros_crc};
+use blizzard_core::limits::CHUNK_SIZE;
+use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+use blizzard_env::{Clock, Disk};
+
+use crate::commit::GroupCommit;
+use crate::layout::{
+    decode_positions, encode_positions, ChunkEntry, Layout, LayoutError, SlotEntry, SlotRecord,
+    CHUNK_ENTRY_LEN, POSITIONS_SLOT_LEN, SLOT_ENTRY_LEN, SUPERBLOCK_LEN,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Layout(#[from] LayoutError),
+    #[error("disk i/o error: {0}")]
+    Io(#[from] io::Error),
+    #[error("range [{offset}, +{len}) is outside the {tract_size}-byte tract")]
+    OutOfRange { offset: u32, len: u32, tract_size: u32 },
+    #[error("request data does not match its CRC in piece {0}: damaged in flight")]
+    BadCrc(usize),
+    #[error("stored chunk {chunk} of slot {slot} failed its CRC: read another replica")]
+    Corrupt { slot: u32, chunk: u32 },
+    #[error("no free tract slot: the disk is full ({0} slots); add tractservers or delete blobs")]
+    DiskFull(u32),
+    #[error("the disk failed an earlier fdatasync and is no longer trusted; replace it")]
+    Failed,
+}
+
+/// Counters for status and tests.
+#[derive(Default)]
+pub struct StoreStats {
+    pub writes: AtomicU64,
+    pub reads: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub corrupt_reads: AtomicU64,
+}
+
+struct SlotState {
+    entry: SlotEntry,
+    /// One entry per chunk while the slot is used; empty while free.
+    chunks: Vec<ChunkEntry>,
+    /// Highest generation seen for this slot anywhere on disk.
+    max_generation: u32,
+}
+
+struct Index {
+    map: HashMap<(BlobId, TractNo), u32>,
+    /// Free slots, lowest last so allocation fills the disk from the front.
+    free: Vec<u32>,
+    next_alloc_seq: u64,
+    quarantined: u32,
+}
+
+/// Bugs planted on purpose, so tests can show that the checkers catch
+/// them. Only the simulator and tests set one; nothing else can.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlantedBug {
+    #[default]
+    None,
+    /// Acknowledge writes before they are durable (skip the group commit).
+    AckBeforeSync,
+}
+
+pub struct Store {
+    disk: Arc<dyn Disk>,
+    planted: std::sync::atomic::AtomicU8,
+    layout: Layout,
+    index: Mutex<Index>,
+    slots: Vec<RwLock<SlotState>>,
+    commit: GroupCommit,
+    positions: tokio::sync::Mutex<(u64, Option<Vec<u8>>)>,
+    pub stats: StoreStats,
+}
+
+/// Disk reads during recovery are done in pieces of about this size.
+const RECOVERY_READ_BYTES: u64 = 16 << 20;
+
+impl Store {
+    /// Formats `disk` for tracts of `tract_size` bytes, erasing it.
+    pub async fn format(
+        disk: Arc<dyn Disk>,
+        disk_id: TsId,
+        tract_size: u32,
+        clock: &dyn Clock,
+    ) -> Result<Store, StoreError> {
+        let mut layout = Layout::plan(disk_id, tract_size, disk.len())?;
+        layout.disk_mbps = measure_write_speed(&disk, &layout, clock).await?;
+        // Zero the positions, slot table and chunk table: a device reused
+        // from an earlier format must not leak its old tenants. The
+        // superblock goes last, so a crash mid-format leaves an unformatted
+        // disk rather than a half-formatted one.
+        let mut at = layout.positions_offset;
+        while at < layout.data_offset {
+            let n = (layout.data_offset - at).min(RECOVERY_READ_BYTES);
+            disk.write_at(vec![(at, Bytes::from(vec![0u8; n as usize]))]).await?;
+            at += n;
+        }
+        disk.sync().await?;
+        disk.write_at(vec![(0, Bytes::from(layout.encode_superblock()))]).await?;
+        disk.sync().await?;
+        tracing::info!(disk = %disk_id, tract_size, slots = layout.slot_count, "formatted disk");
+        Self::open(disk).await
+    }
+
+    /// Opens a formatted disk and rebuilds all tract metadata from it.
+    pub async fn open(disk: Arc<dyn Disk>) -> Result<Store, StoreError> {
+        let sb = disk.read_at(0, SUPERBLOCK_LEN as usize).await?;
+        let layout = Layout::decode_superblock(&sb, disk.len())?;
+
+        // Positions: the valid record with the higher sequence number.
+        let mut positions = (0u64, None);
+        for which in 0..2u8 {
+            let b = disk.read_at(layout.positions_slot_offset(which), POSITIONS_SLOT_LEN as usize).await?;
+            if let Some((seq, payload)) = decode_positions(&b) {
+                if positions.1.is_none() || seq > positions.0 {
+                    positions = (seq, Some(payload.to_vec()));
+                }
+            }
+        }
+
+        let n = layout.slot_count;
+        let mut records = Vec::with_capacity(n as usize);
+        let per_read = (RECOVERY_READ_BYTES / SLOT_ENTRY_LEN) as u32;
+        let mut s = 0u32;
+        while s < n {
+            let k = per_read.min(n - s);
+            let b = disk.read_at(layout.slot_entry_offset(s), (k as u64 * SLOT_ENTRY_LEN) as usize).await?;
+            records.extend(b.chunks_exact(SLOT_ENTRY_LEN as usize).map(SlotEntry::decode));
+            s += k;
+        }
+
+        let cpt = layout.chunks_per_tract();
+        let mut states: Vec<SlotState> = Vec::with_capacity(n as usize);
+        let mut index = Index { map: HashMap::new(), free: Vec::new(), next_alloc_seq: 1, quarantined: 0 };
+        let per_read = ((RECOVERY_READ_BYTES / (cpt as u64 * CHUNK_ENTRY_LEN)).max(1)) as u32;
+        let mut s = 0u32;
+        while s < n {
+            let k = per_read.min(n - s);
+            let b = disk
+                .read_at(layout.chunk_entry_offset(s, 0), (k as u64 * cpt as u64 * CHUNK_ENTRY_LEN) as usize)
+                .await?;
+            for (i, table) in b.chunks_exact((cpt as u64 * CHUNK_ENTRY_LEN) as usize).enumerate() {
+                let slot = s + i as u32;
+                let chunks: Vec<ChunkEntry> =
+                    table.chunks_exact(CHUNK_ENTRY_LEN as usize).map(ChunkEntry::decode).collect();
+                let max_chunk_gen = chunks.iter().map(|c| c.generation).max().unwrap_or(0);
+                let state = match records[slot as usize] {
+                    SlotRecord::Blank => {
+                        index.free.push(slot);
+                        SlotState { entry: blank_entry(), chunks: Vec::new(), max_generation: max_chunk_gen }
+                    }
+                    SlotRecord::Damaged => {
+                        // Unknown tenant: never hand this slot out again.
+                        tracing::error!(slot, "slot table entry is damaged; quarantining the slot");
+                        index.quarantined += 1;
+                        SlotState { entry: blank_entry(), chunks: Vec::new(), max_generation: u32::MAX }
+                    }
+                    SlotRecord::Valid(e) => {
+                        index.next_alloc_seq = index.next_alloc_seq.max(e.alloc_seq + 1);
+                        let max_generation = e.generation.max(max_chunk_gen);
+                        if e.used {
+                            SlotState { entry: e, chunks, max_generation }
+                        } else {
+                            index.free.push(slot);
+                            SlotState { entry: e, chunks: Vec::new(), max_generation }
+                        }
+                    }
+                };
+                states.push(state);
+            }
+            s += k;
+        }
+        // Map tracts to slots; two used entries for one tract means a crash
+        // between freeing one and reallocating the tract elsewhere: the
+        // later allocation is the live one.
+        for slot in 0..states.len() {
+            let e = states[slot].entry;
+            if !e.used {
+                continue;
+            }
+            let key = (e.blob, e.tract);
+            let loser = match index.map.get(&key).copied() {
+                None => None,
+                Some(other) if states[other as usize].entry.alloc_seq > e.alloc_seq => Some(slot as u32),
+                Some(other) => Some(other),
+            };
+            if let Some(l) = loser {
+                tracing::warn!(blob = %e.blob, tract = %e.tract, slot = l, "two slots hold one tract; freeing the older");
+                let st = &mut states[l as usize];
+                st.entry.used = false;
+                st.chunks = Vec::new();
+                index.free.push(l);
+            }
+            if loser != Some(slot as u32) {
+                index.map.insert(key, slot as u32);
+            }
+        }
+        let slots: Vec<RwLock<SlotState>> = states.into_iter().map(RwLock::new).collect();
+        index.free.sort_unstable_by(|a, b| b.cmp(a));
+        tracing::info!(
+            disk = %layout.disk_id,
+            slots = n,
+            used = index.map.len(),
+            quarantined = index.quarantined,
+            "opened tract store"
+        );
+        Ok(Store {
+            planted: std::sync::atomic::AtomicU8::new(0),
+            commit: GroupCommit::new(disk.clone()),
+            disk,
+            layout,
+            index: Mutex::new(index),
+            slots,
+            positions: tokio::sync::Mutex::new(positions),
+            stats: StoreStats::default(),
+        })
+    }
+
+    #[doc(hidden)]
+    pub fn plant_bug(&self, bug: PlantedBug) {
+        self.planted.store(bug as u8, Ordering::Relaxed);
+    }
+
+    fn planted(&self, bug: PlantedBug) -> bool {
+        self.planted.load(Ordering::Relaxed) == bug as u8 && bug != PlantedBug::None
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn disk_id(&self) -> TsId {
+        self.layout.disk_id
+    }
+
+    pub fn tract_size(&self) -> u32 {
+        self.layout.tract_size
+    }
+
+    pub fn disk_mbps(&self) -> u32 {
+        self.layout.disk_mbps
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        match self.index.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// (slots in total, slots holding a tract).
+    pub fn usage(&self) -> (u64, u64) {
+        let ix = self.index();
+        (self.layout.slot_count as u64, ix.map.len() as u64)
+    }
+
+    /// Number of `fdatasync` calls so far.
+    pub fn syncs(&self) -> u64 {
+        self.commit.syncs()
+    }
+
+    /// Every `(blob, tract)` stored, for metadata loading and scrubbing.
+    pub fn tracts(&self) -> Vec<(BlobId, TractNo)> {
+        let mut v: Vec<_> = self.index().map.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The incarnation stored for a tract, if any.
+    pub async fn incarnation_of(&self, blob: BlobId, tract: TractNo) -> Option<Incarnation> {
+        let slot = *self.index().map.get(&(blob, tract))?;
+        let g = self.slots.get(slot as usize)?.read().await;
+        (g.entry.used && g.entry.blob == blob && g.entry.tract == tract).then_some(g.entry.incarnation)
+    }
+
+    fn check_range(&self, offset: u32, len: u32) -> Result<(), StoreError> {
+        let ts = self.layout.tract_size;
+        if len == 0 || offset as u64 + len as u64 > ts as u64 {
+            return Err(StoreError::OutOfRange { offset, len, tract_size: ts });
+        }
+        Ok(())
+    }
+
+    /// Finds the slot of a tract, allocating one if `allocate`. Returns the
+    /// slot with its write lock held, checked to still hold that tract.
+    async fn lock_slot_for_write(
+        &self,
+        blob: BlobId,
+        tract: TractNo,
+        incarnation: Incarnation,
+        version: u64,
+    ) -> Result<(u32, tokio::sync::RwLockWriteGuard<'_, SlotState>, bool), StoreError> {
+        loop {
+            let (slot, fresh) = {
+                let mut ix = self.index();
+                match ix.map.get(&(blob, tract)) {
+                    Some(&s) => (s, None),
+                    None => {
+                        let Some(s) = ix.free.pop() else {
+                            return Err(StoreError::DiskFull(self.layout.slot_count));
+                        };
+                        let seq = ix.next_alloc_seq;
+                        ix.next_alloc_seq += 1;
+                        ix.map.insert((blob, tract), s);
+                        (s, Some(seq))
+                    }
+                }
+            };
+            let Some(cell) = self.slots.get(slot as usize) else {
+                return Err(StoreError::Io(io::Error::other("slot index out of range")));
+            };
+            let mut g = cell.write().await;
+            if let Some(alloc_seq) = fresh {
+                let generation = g.max_generation.wrapping_add(1).max(1);
+                g.entry = SlotEntry {
+                    used: true,
+                    generation,
+                    blob,
+                    incarnation,
+                    tract,
+                    written_version: version,
+                    alloc_seq,
+                };
+                g.max_generation = generation;
+                g.chunks = vec![ChunkEntry::default(); self.layout.chunks_per_tract() as usize];
+                return Ok((slot, g, true));
+            }
+            if g.entry.used && g.entry.blob == blob && g.entry.tract == tract {
+                return Ok((slot, g, false));
+            }
+            // Freed and possibly reused between lookup and lock: look again.
+        }
+    }
+
+    /// Reads chunk `chunk` of a slot, verified; zeros if never written.
+    async fn read_chunk_verified(
+        &self,
+        slot: u32,
+        st: &SlotState,
+        chunk: u32,
+    ) -> Result<Vec<u8>, StoreError> {
+        let e = st.chunks.get(chunk as usize).copied().unwrap_or_default();
+        if e.generation != st.entry.generation || e.generation == 0 {
+            return Ok(vec![0u8; CHUNK_SIZE as usize]);
+        }
+        let b = self
+            .disk
+            .read_at(self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), CHUNK_SIZE as usize)
+            .await?;
+        if crc32c(&b) != e.crc {
+            self.stats.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Corrupt { slot, chunk });
+        }
+        Ok(b)
+    }
+
+    /// Writes `data` at `offset` in a tract. `crcs` are the writer's CRC32C
+    /// of each piece; they are verified before anything is stored, and full
+    /// chunks are stored under the writer's own CRC. Returns once durable.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        version: u64,
+        offset: u32,
+        data: Bytes,
+        crcs: &[u32],
+    ) -> Result<(), StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        let len = data.len() as u32;
+        if data.len() > self.layout.tract_size as usize {
+            return Err(StoreError::OutOfRange { offset, len: u32::MAX, tract_size: self.layout.tract_size });
+        }
+        self.check_range(offset, len)?;
+        if let Some(p) = first_bad_piece(offset, &data, crcs) {
+            return Err(StoreError::BadCrc(p));
+        }
+
+        let (slot, mut g, fresh) = self.lock_slot_for_write(blob, tract, incarnation, version).await?;
+        let mut entry_dirty = fresh;
+        if g.entry.incarnation != incarnation {
+            // A new life of this blob id: everything stored before is void.
+            let generation = g.max_generation.wrapping_add(1).max(1);
+            g.entry.incarnation = incarnation;
+            g.entry.generation = generation;
+            g.max_generation = generation;
+            g.chunks = vec![ChunkEntry::default(); self.layout.chunks_per_tract() as usize];
+            entry_dirty = true;
+        }
+        if version > g.entry.written_version {
+            g.entry.written_version = version;
+            entry_dirty = true;
+        }
+
+        let first_chunk = offset / CHUNK_SIZE;
+        let last_chunk = (offset + len - 1) / CHUNK_SIZE;
+        let mut writes: Vec<(u64, Bytes)> = Vec::with_capacity(4);
+        let mut new_entries: Vec<ChunkEntry> = Vec::with_capacity((last_chunk - first_chunk + 1) as usize);
+        let generation = g.entry.generation;
+
+        // Each piece is a whole chunk (stored as is, under the writer's CRC)
+        // or part of one (merged with the verified old chunk first).
+        for ((s, e), &crc) in pieces(offset, len).zip(crcs) {
+            let abs = offset + s as u32;
+            let chunk = abs / CHUNK_SIZE;
+            if e - s == CHUNK_SIZE as usize {
+                writes.push((self.layout.data_offset_of(slot, abs), data.slice(s..e)));
+                new_entries.push(ChunkEntry { crc, generation });
+            } else {
+                let mut old = self.read_chunk_verified(slot, &g, chunk).await?;
+                let at = (abs % CHUNK_SIZE) as usize;
+                old[at..at + (e - s)].copy_from_slice(&data[s..e]);
+                let merged_crc = crc32c(&old);
+                writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), Bytes::from(old)));
+                new_entries.push(ChunkEntry { crc: merged_crc, generation });
+            }
+        }
+        debug_assert_eq!(new_entries.len(), piece_count(offset, len));
+        let mut table = Vec::with_capacity(new_entries.len() * CHUNK_ENTRY_LEN as usize);
+        for e in &new_entries {
+            e.encode_into(&mut table);
+        }
+        writes.push((self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
+        if entry_dirty {
+            writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode())));
+        }
+        if let Err(e) = self.disk.write_at(writes).await {
+            // Memory no longer describes the disk for this slot; the safest
+            // thing is to drop the slot's chunks from view.
+            tracing::error!(slot, error = %e, "tract write failed");
+            return Err(e.into());
+        }
+        for (i, e) in new_entries.into_iter().enumerate() {
+            if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
+                *c = e;
+            }
+        }
+        drop(g);
+        // Durable before acknowledged: wait for a group commit that started
+        // after our writes completed.
+        if !self.planted(PlantedBug::AckBeforeSync) {
+            self.commit.sync().await.map_err(|_| StoreError::Failed)?;
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `[offset, offset + len)` of a tract: the bytes and one CRC32C
+    /// per piece. Never-written ranges (and tracts of another incarnation)
+    /// read as zeros.
+    pub async fn read(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        offset: u32,
+        len: u32,
+    ) -> Result<(Bytes, Vec<u32>), StoreError> {
+        self.check_range(offset, len)?;
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+        let slot = self.index().map.get(&(blob, tract)).copied();
+        let first_chunk = offset / CHUNK_SIZE;
+        let last_chunk = (offset + len - 1) / CHUNK_SIZE;
+        let span_start = first_chunk * CHUNK_SIZE;
+        let span_len = (last_chunk - first_chunk + 1) * CHUNK_SIZE;
+
+        let mut buf: Option<Vec<u8>> = None;
+        let mut chunk_crcs: Vec<Option<u32>> = vec![None; (last_chunk - first_chunk + 1) as usize];
+        if let Some(slot) = slot {
+            if let Some(cell) = self.slots.get(slot as usize) {
+                let g = cell.read().await;
+                if g.entry.used
+                    && g.entry.blob == blob
+                    && g.entry.tract == tract
+                    && g.entry.incarnation == incarnation
+                {
+                    let gen = g.entry.generation;
+                    let valid: Vec<Option<u32>> = (first_chunk..=last_chunk)
+                        .map(|c| {
+                            g.chunks
+                                .get(c as usize)
+                                .filter(|e| e.generation == gen && gen != 0)
+                                .map(|e| e.crc)
+                        })
+                        .collect();
+                    if valid.iter().any(Option::is_some) {
+                        let mut b = self
+                            .disk
+                            .read_at(self.layout.data_offset_of(slot, span_start), span_len as usize)
+                            .await?;
+                        for (i, crc) in valid.iter().enumerate() {
+                            let range = i * CHUNK_SIZE as usize..(i + 1) * CHUNK_SIZE as usize;
+                            match crc {
+                                Some(c) if crc32c(&b[range.clone()]) != *c => {
+                                    self.stats.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+                                    return Err(StoreError::Corrupt { slot, chunk: first_chunk + i as u32 });
+                                }
+                                Some(_) => {}
+                                None => b[range].fill(0),
+                            }
+                        }
+                        chunk_crcs = valid;
+                        buf = Some(b);
+                    }
+                }
+            }
+        }
+        let rel = (offset - span_start) as usize;
+        let data = match buf {
+            Some(b) => Bytes::from(b).slice(rel..rel + len as usize),
+            None => Bytes::from(vec![0u8; len as usize]),
+        };
+        // A whole chunk goes back under the CRC its writer computed; a part
+        // of one gets a CRC of just that part, computed from verified bytes.
+        let crcs = pieces(offset, len)
+            .map(|(s, e)| {
+                let chunk = ((offset + s as u32) / CHUNK_SIZE - first_chunk) as usize;
+                match chunk_crcs.get(chunk).copied().flatten() {
+                    Some(c) if e - s == CHUNK_SIZE as usize => c,
+                    Some(_) => crc32c(&data[s..e]),
+                    None => zeros_crc(e - s),
+                }
+            })
+            .collect();
+        Ok((data, crcs))
+    }
+
+    /// Frees a tract's slot if it holds `incarnation`. Returns whether
+    /// something was freed; durable on return.
+    pub async fn delete(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+    ) -> Result<bool, StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else {
+            return Ok(false);
+        };
+        let Some(cell) = self.slots.get(slot as usize) else {
+            return Ok(false);
+        };
+        let mut g = cell.write().await;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+        {
+            return Ok(false);
+        }
+        g.entry.used = false;
+        g.chunks = Vec::new();
+        self.disk
+            .write_at(vec![(self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode()))])
+            .await?;
+        {
+            let mut ix = self.index();
+            ix.map.remove(&(blob, tract));
+            ix.free.push(slot);
+        }
+        drop(g);
+        self.commit.sync().await.map_err(|_| StoreError::Failed)?;
+        Ok(true)
+    }
+
+    /// The stored assignment bytes, if any.
+    pub async fn assignment(&self) -> Option<Vec<u8>> {
+        self.positions.lock().await.1.clone()
+    }
+
+    /// Stores assignment bytes durably, alternating positions slots so a
+    /// torn write leaves the previous record readable.
+    pub async fn save_assignment(&self, payload: &[u8]) -> Result<(), StoreError> {
+        let mut p = self.positions.lock().await;
+        let seq = p.0 + 1;
+        let rec = encode_positions(seq, payload)?;
+        self.disk
+            .write_at(vec![(self.layout.positions_slot_offset((seq & 1) as u8), Bytes::from(rec))])
+            .await?;
+        self.disk.sync().await?;
+        *p = (seq, Some(payload.to_vec()));
+        Ok(())
+    }
+
+    /// Where a tract's data starts on the disk, if it is stored here: for
+    /// operators inspecting a disk, and for tests that damage one on purpose.
+    pub fn data_location(&self, blob: BlobId, tract: TractNo) -> Option<u64> {
+        let slot = self.index().map.get(&(blob, tract)).copied()?;
+        Some(self.layout.data_offset_of(slot, 0))
+    }
+}
+
+/// Times a synced sequential write over the (still empty) data region, for
+/// weighting the 1-way TLT by disk speed (FDS §2.2).
+async fn measure_write_speed(
+    disk: &Arc<dyn Disk>,
+    layout: &Layout,
+    clock: &dyn Clock,
+) -> Result<u32, StoreError> {
+    let room = layout.slot_count as u64 * layout.tract_size as u64;
+    let total = room.min(64 << 20);
+    let piece = total.min(8 << 20);
+    if piece == 0 {
+        return Ok(0);
+    }
+    let buf = Bytes::from(vec![0u8; piece as usize]);
+    let start = clock.now();
+    let mut at = 0;
+    while at + piece <= total {
+        disk.write_at(vec![(layout.data_offset + at, buf.clone())]).await?;
+        at += piece;
+    }
+    disk.sync().await?;
+    let secs = clock.now().duration_since(start).as_secs_f64();
+    Ok(if secs > 0.0 { ((at as f64 / 1e6) / secs).min(u32::MAX as f64) as u32 } else { 0 })
+}
+
+fn blank_entry() -> SlotEntry {
+    SlotEntry {
+        used: false,
+        generation: 0,
+        blob: BlobId(0),
+        incarnation: 0,
+        tract: TractNo(0),
+        written_version: 0,
+        alloc_seq: 0,
+    }
+}
+
+#[cfg(test)]
+// Damaging a disk file behind the store's back is the point of some tests.
+#[allow(clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use blizzard_core::crc::piece_crcs;
+    use blizzard_env::Env;
+
+    const TRACT: u32 = 64 << 10;
+
+    async fn fresh(dir: &tempfile::TempDir, disk_len: u64) -> Result<Store, StoreError> {
+        let disk = Env::real().open_disk(&dir.path().join("disk"), Some(disk_len)).await?;
+        Store::format(disk, TsId(7), TRACT, &blizzard_env::RealClock).await
+    }
+
+    async fn reopen(dir: &tempfile::TempDir) -> Result<Store, StoreError> {
+        let disk = Env::real().open_disk(&dir.path().join("disk"), None).await?;
+        Store::open(disk).await
+    }
+
+    fn pattern(seed: u8, len: usize) -> Bytes {
+        Bytes::from((0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<_>>())
+    }
+
+    async fn put(
+        s: &Store,
+        blob: u128,
+        inc: u64,
+        tract: i64,
+        off: u32,
+        data: &Bytes,
+    ) -> Result<(), StoreError> {
+        s.write(BlobId(blob), inc, TractNo(tract), 1, off, data.clone(), &piece_crcs(off, data)).await
+    }
+
+    async fn get(
+        s: &Store,
+        blob: u128,
+        inc: u64,
+        tract: i64,
+        off: u32,
+        len: u32,
+    ) -> Result<Bytes, StoreError> {
+        let (b, crcs) = s.read(BlobId(blob), inc, TractNo(tract), off, len).await?;
+        // What the store returns must verify end to end.
+        assert_eq!(blizzard_core::crc::first_bad_piece(off, &b, &crcs), None);
+        Ok(b)
+    }
+
+    /// Aligned, unaligned and overlapping writes read back byte-exact, with
+    /// unwritten ranges as zeros, and all of it survives a reopen.
+    #[tokio::test]
+    async fn writes_read_back_and_survive_reopen() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        let mut model = vec![0u8; TRACT as usize];
+        for (i, (off, len)) in
+            [(0u32, 4096usize), (5000, 10000), (4095, 2), (60000, 5536), (100, 1)].iter().enumerate()
+        {
+            let d = pattern(i as u8, *len);
+            put(&s, 1, 1, 0, *off, &d).await?;
+            model[*off as usize..*off as usize + len].copy_from_slice(&d);
+        }
+        assert_eq!(&get(&s, 1, 1, 0, 0, TRACT).await?[..], &model[..]);
+        assert_eq!(&get(&s, 1, 1, 0, 4000, 3000).await?[..], &model[4000..7000]);
+        assert_eq!(&get(&s, 1, 1, 5, 0, 100).await?[..], &[0u8; 100][..]);
+        assert!(s.syncs() >= 5);
+        drop(s);
+        let s = reopen(&dir).await?;
+        assert_eq!(&get(&s, 1, 1, 0, 0, TRACT).await?[..], &model[..]);
+        assert_eq!(s.usage().1, 1);
+        Ok(())
+    }
+
+    /// A write whose data does not match its CRCs is refused and stores nothing.
+    #[tokio::test]
+    async fn bad_crc_is_refused() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        let d = pattern(1, 8192);
+        let mut crcs = piece_crcs(0, &d);
+        crcs[1] ^= 1;
+        let r = s.write(BlobId(1), 1, TractNo(0), 1, 0, d, &crcs).await;
+        assert!(matches!(r, Err(StoreError::BadCrc(1))));
+        assert_eq!(s.usage().1, 0);
+        assert!(matches!(
+            s.write(BlobId(1), 1, TractNo(0), 1, TRACT - 10, pattern(0, 20), &[0, 0]).await,
+            Err(StoreError::OutOfRange { .. })
+        ));
+        Ok(())
+    }
+
+    /// A byte flipped on disk is reported as Corrupt, never returned.
+    #[tokio::test]
+    async fn flipped_byte_is_detected() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        put(&s, 1, 1, 3, 0, &pattern(9, TRACT as usize)).await?;
+        let at = s.data_location(BlobId(1), TractNo(3)).ok_or(StoreError::Failed)? + 12345;
+        drop(s);
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(dir.path().join("disk"))?;
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, at)?;
+        f.write_all_at(&[b[0] ^ 0x04], at)?;
+        let s = reopen(&dir).await?;
+        assert!(matches!(get(&s, 1, 1, 3, 0, TRACT).await, Err(StoreError::Corrupt { chunk: 3, .. })));
+        // Chunks not touched by the flip still read.
+        assert_eq!(get(&s, 1, 1, 3, 0, 4096).await?, pattern(9, TRACT as usize).slice(0..4096));
+        // A partial write into the damaged chunk cannot merge with it.
+        assert!(matches!(put(&s, 1, 1, 3, 12300, &pattern(1, 10)).await, Err(StoreError::Corrupt { .. })));
+        // A whole-chunk overwrite repairs it.
+        put(&s, 1, 1, 3, 12288, &pattern(2, 4096)).await?;
+        assert_eq!(get(&s, 1, 1, 3, 12288, 4096).await?, pattern(2, 4096));
+        Ok(())
+    }
+
+    /// When every slot is taken a new tract gets DiskFull, and everything
+    /// already written is intact; freeing a slot makes room again, and the
+    /// reused slot shows none of its previous tenant.
+    #[tokio::test]
+    async fn full_disk_and_slot_reuse() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 4 << 20).await?;
+        let slots = s.usage().0 as i64;
+        assert!(slots > 2);
+        for t in 0..slots {
+            put(&s, 1, 1, t, 0, &pattern(t as u8, 8192)).await?;
+        }
+        assert!(matches!(put(&s, 1, 1, slots, 0, &pattern(0, 10)).await, Err(StoreError::DiskFull(_))));
+        for t in 0..slots {
+            assert_eq!(get(&s, 1, 1, t, 0, 8192).await?, pattern(t as u8, 8192));
+        }
+        assert!(s.delete(BlobId(1), 1, TractNo(0)).await?);
+        assert!(!s.delete(BlobId(1), 1, TractNo(0)).await?);
+        put(&s, 2, 1, 0, 8192, &pattern(5, 100)).await?;
+        // The new tenant's first chunks were the old tenant's: they must read as zeros.
+        assert_eq!(&get(&s, 2, 1, 0, 0, 8192).await?[..], &[0u8; 8192][..]);
+        drop(s);
+        let s = reopen(&dir).await?;
+        assert_eq!(&get(&s, 2, 1, 0, 0, 8192).await?[..], &[0u8; 8192][..]);
+        assert_eq!(get(&s, 2, 1, 0, 8192, 100).await?, pattern(5, 100));
+        assert_eq!(get(&s, 1, 1, 1, 0, 8192).await?, pattern(1, 8192));
+        Ok(())
+    }
+
+    /// A tract written by an older incarnation of a blob id is invisible to
+    /// a newer one, and a write by the newer one voids the old data.
+    #[tokio::test]
+    async fn incarnations_do_not_leak() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        put(&s, 1, 1, 0, 0, &pattern(1, 8192)).await?;
+        assert_eq!(&get(&s, 1, 2, 0, 0, 8192).await?[..], &[0u8; 8192][..]);
+        put(&s, 1, 2, 0, 4096, &pattern(2, 10)).await?;
+        assert_eq!(&get(&s, 1, 2, 0, 0, 4096).await?[..], &[0u8; 4096][..]);
+        assert_eq!(&get(&s, 1, 1, 0, 0, 4096).await?[..], &[0u8; 4096][..]);
+        Ok(())
+    }
+
+    /// The positions record survives reopen and the newer of the two slots wins.
+    #[tokio::test]
+    async fn assignment_round_trip() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        assert_eq!(s.assignment().await, None);
+        s.save_assignment(b"one").await?;
+        s.save_assignment(b"two").await?;
+        s.save_assignment(b"three").await?;
+        drop(s);
+        let s = reopen(&dir).await?;
+        assert_eq!(s.assignment().await.as_deref(), Some(&b"three"[..]));
+        Ok(())
+    }
+}

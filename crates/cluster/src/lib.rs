@@ -1,0 +1,192 @@
+//! An embedded cluster: one metadata server and N tractservers in this
+//! process, each tractserver on its own disk file under a data directory,
+//! all on loopback. It is what `blizzard up` runs and what integration
+//! tests stand on. Data survives a restart: the disks keep the tracts and
+//! the TLT positions, and the metadata server rebuilds the table from them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use blizzard_client::{Client, ClientConfig, ClientError};
+use blizzard_core::limits::TRACT_SIZE_DEFAULT;
+use blizzard_env::Env;
+use blizzard_metaserver::server::{self as meta, MetaConfig, MetaError, MetaHandle};
+use blizzard_tractserver::{self as ts, TractServerConfig, TractServerError, TractServerHandle};
+
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub data_dir: PathBuf,
+    pub tractservers: usize,
+    /// The cluster's maximum replication level (members per TLT row).
+    pub replication: u8,
+    pub tract_size: u32,
+    /// Size of each tractserver's disk file, allocated when first created.
+    pub disk_size: u64,
+    /// Where the metadata server listens (port 0 picks a free one).
+    pub meta_listen: String,
+    /// Host the tractservers listen on (each on a free port).
+    pub host: String,
+    pub heartbeat_interval: Duration,
+    /// Delay injected into each tract read and write (benchmarks).
+    pub io_delay: Duration,
+}
+
+impl ClusterConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        ClusterConfig {
+            data_dir: data_dir.into(),
+            tractservers: 4,
+            replication: 1,
+            tract_size: TRACT_SIZE_DEFAULT,
+            disk_size: 2 << 30,
+            meta_listen: "127.0.0.1:0".into(),
+            host: "127.0.0.1".into(),
+            heartbeat_interval: Duration::from_millis(200),
+            io_delay: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("cannot create data directory {path}: {error}")]
+    DataDir { path: String, error: std::io::Error },
+    #[error("metadata server: {0}")]
+    Meta(#[from] MetaError),
+    #[error("tractserver {index}: {error}")]
+    TractServer { index: usize, error: TractServerError },
+    #[error("the cluster did not become ready within {0:?}: {1}")]
+    NotReady(Duration, String),
+    #[error("client: {0}")]
+    Client(#[from] ClientError),
+}
+
+pub struct Cluster {
+    env: Env,
+    pub cfg: ClusterConfig,
+    meta: Option<MetaHandle>,
+    /// The metadata server's address (stable across `restart_meta`).
+    pub meta_addr: String,
+    tractservers: Vec<Option<TractServerHandle>>,
+}
+
+impl Cluster {
+    /// Starts the metadata server and every tractserver, then waits until
+    /// the TLT is built (or rebuilt from the disks) and served.
+    pub async fn start(env: Env, cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|error| ClusterError::DataDir { path: cfg.data_dir.display().to_string(), error })?;
+        let meta = meta::start(env.clone(), Self::meta_config(&cfg, &cfg.meta_listen)).await?;
+        let meta_addr = meta.addr.clone();
+        let mut c = Cluster { env, cfg, meta: Some(meta), meta_addr, tractservers: Vec::new() };
+        for i in 0..c.cfg.tractservers {
+            c.tractservers.push(None);
+            c.start_tractserver(i).await?;
+        }
+        c.wait_ready(Duration::from_secs(60)).await?;
+        Ok(c)
+    }
+
+    fn meta_config(cfg: &ClusterConfig, listen: &str) -> MetaConfig {
+        let mut m = MetaConfig::new(listen);
+        m.tract_size = cfg.tract_size;
+        m.replication = cfg.replication;
+        m.init_tractservers = cfg.tractservers;
+        m.heartbeat_interval = cfg.heartbeat_interval;
+        m.dead_after = cfg.heartbeat_interval * 10;
+        m.rebuild_grace = cfg.heartbeat_interval * 20;
+        m
+    }
+
+    pub fn disk_path(&self, i: usize) -> PathBuf {
+        self.cfg.data_dir.join(format!("ts-{i}.disk"))
+    }
+
+    pub fn tractserver(&self, i: usize) -> Option<&TractServerHandle> {
+        self.tractservers.get(i).and_then(|t| t.as_ref())
+    }
+
+    pub fn tractserver_count(&self) -> usize {
+        self.tractservers.len()
+    }
+
+    pub fn meta(&self) -> Option<&MetaHandle> {
+        self.meta.as_ref()
+    }
+
+    /// Starts (or restarts) tractserver `i` on its disk.
+    pub async fn start_tractserver(&mut self, i: usize) -> Result<(), ClusterError> {
+        let mut t =
+            TractServerConfig::new(self.disk_path(i), format!("{}:0", self.cfg.host), self.meta_addr.clone());
+        t.disk_size = Some(self.cfg.disk_size);
+        t.failure_domain = format!("ts-{i}");
+        t.heartbeat_interval = self.cfg.heartbeat_interval;
+        t.io_delay = self.cfg.io_delay;
+        let h = ts::start(self.env.clone(), t)
+            .await
+            .map_err(|error| ClusterError::TractServer { index: i, error })?;
+        if self.tractservers.len() <= i {
+            self.tractservers.resize_with(i + 1, || None);
+        }
+        self.tractservers[i] = Some(h);
+        Ok(())
+    }
+
+    /// Stops tractserver `i` (its disk stays).
+    pub async fn stop_tractserver(&mut self, i: usize) {
+        if let Some(h) = self.tractservers.get_mut(i).and_then(|t| t.take()) {
+            h.stop().await;
+        }
+    }
+
+    /// Stops the metadata server and starts a fresh one on the same address;
+    /// it rebuilds the TLT from the tractservers' reports.
+    pub async fn restart_meta(&mut self) -> Result<(), ClusterError> {
+        if let Some(m) = self.meta.take() {
+            m.stop().await;
+        }
+        let listen = self.meta_addr.clone();
+        self.meta = Some(meta::start(self.env.clone(), Self::meta_config(&self.cfg, &listen)).await?);
+        Ok(())
+    }
+
+    /// Waits until the metadata server serves a TLT and every running
+    /// tractserver has reported to it.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = self.env.now() + timeout;
+        loop {
+            let (ready, why) = match &self.meta {
+                None => (false, "metadata server is stopped".to_string()),
+                Some(m) => {
+                    let s = m.server.status();
+                    let running: Vec<_> = self.tractservers.iter().flatten().map(|t| t.id).collect();
+                    let alive = running
+                        .iter()
+                        .all(|id| s.members.iter().any(|mm| mm.id == *id && mm.alive && mm.rows > 0));
+                    (s.phase == "ready" && alive, format!("phase {}, {} members", s.phase, s.members.len()))
+                }
+            };
+            if ready {
+                return Ok(());
+            }
+            if self.env.now() >= deadline {
+                return Err(ClusterError::NotReady(timeout, why));
+            }
+            self.env.sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A client of this cluster.
+    pub async fn client(&self) -> Result<Client, ClusterError> {
+        Ok(Client::connect(self.env.clone(), ClientConfig::new(self.meta_addr.clone())).await?)
+    }
+
+    pub async fn stop(mut self) {
+        for i in 0..self.tractservers.len() {
+            self.stop_tractserver(i).await;
+        }
+        if let Some(m) = self.meta.take() {
+            m.stop().await;
+        }
+    }
+}

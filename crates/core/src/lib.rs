@@ -1,0 +1,13 @@
+//! Shared vocabulary of blizzard, with no I/O: the ids and units every layer
+//! speaks (blob, tract, tractserver, TLT row version), the tract locator
+//! table with its placement arithmetic (FDS §2.2), CRC32C helpers for
+//! end-to-end integrity, and the named limits that bound every buffer.
+
+pub mod crc;
+pub mod ids;
+pub mod limits;
+pub mod tlt;
+pub mod units;
+
+pub use ids::{BlobId, Incarnation, TractNo, TsId};
+pub use tlt::{Tlt, TltMember, TltRow};

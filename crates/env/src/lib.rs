@@ -1,0 +1,156 @@
+//! The env seam. Library crates reach time, randomness, the network and
+//! disks only through [`Env`]; the `blizzard` binary hands them
+//! [`Env::real`], the simulator (`blizzard-sim`) hands them a deterministic
+//! one built from the same traits. `clippy.toml` forbids the direct calls
+//! elsewhere and names this crate as the replacement.
+//!
+//! The traits return boxed futures so that one `Env` type serves both
+//! worlds without making every server generic.
+
+mod real;
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
+pub use tokio::time::Instant;
+
+pub use real::{RealClock, RealDisks, RealNet, RealRng};
+
+/// A byte stream to a peer: TCP, unix socket or simulated link.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+pub type BoxStream = Box<dyn Stream>;
+
+/// Time. `now` is monotonic; `system_time` is wall-clock time for humans.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Instant;
+    fn system_time(&self) -> SystemTime;
+    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()>;
+}
+
+/// Randomness. The simulator's is seeded, so a seed replays a run.
+pub trait Rng: Send + Sync {
+    fn next_u64(&self) -> u64;
+}
+
+/// Stream sockets. An address is `host:port` for TCP or `unix:/path` for a
+/// unix socket.
+pub trait Net: Send + Sync {
+    fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>>;
+    fn bind(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>>;
+}
+
+pub trait Listener: Send + Sync {
+    /// The next connection and the peer's address.
+    fn accept(&self) -> BoxFuture<'_, io::Result<(BoxStream, String)>>;
+    /// The address peers should dial (with the real port if bound to 0).
+    fn local_addr(&self) -> String;
+}
+
+/// Opens disks: a raw block device or one large file.
+pub trait Disks: Send + Sync {
+    /// Opens `path`; if it does not exist and `create_len` is given, creates
+    /// a file of that many bytes with its space allocated up front.
+    fn open(&self, path: &Path, create_len: Option<u64>) -> BoxFuture<'static, io::Result<Arc<dyn Disk>>>;
+}
+
+/// One disk. Writes become durable only after `sync` returns; what a crash
+/// does to writes not yet synced is the disk's fault model (real hardware,
+/// or `blizzard-sim`'s simulated disk, which documents its own).
+pub trait Disk: Send + Sync {
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Reads exactly `len` bytes at `offset`.
+    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Vec<u8>>>;
+    /// Writes each `(offset, bytes)`; one call, so a server can hand one
+    /// request's data, CRCs and table entry over in one go.
+    fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>>;
+    /// Makes every completed write durable (`fdatasync`).
+    fn sync(&self) -> BoxFuture<'static, io::Result<()>>;
+}
+
+/// The outside world as a server sees it.
+#[derive(Clone)]
+pub struct Env {
+    pub clock: Arc<dyn Clock>,
+    pub rng: Arc<dyn Rng>,
+    pub net: Arc<dyn Net>,
+    pub disks: Arc<dyn Disks>,
+}
+
+/// A deadline passed before the operation finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl Env {
+    /// The real world: system clock, OS entropy, TCP/unix sockets, files.
+    pub fn real() -> Env {
+        Env {
+            clock: Arc::new(RealClock),
+            rng: Arc::new(RealRng::new()),
+            net: Arc::new(RealNet),
+            disks: Arc::new(RealDisks),
+        }
+    }
+
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    pub fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
+        self.clock.sleep(d)
+    }
+
+    /// Runs `fut` for at most `d`.
+    pub async fn timeout<F: std::future::Future>(&self, d: Duration, fut: F) -> Result<F::Output, Elapsed> {
+        let sleep = self.clock.sleep(d);
+        tokio::select! {
+            biased;
+            out = fut => Ok(out),
+            _ = sleep => Err(Elapsed),
+        }
+    }
+
+    pub fn random_u64(&self) -> u64 {
+        self.rng.next_u64()
+    }
+
+    pub fn random_u128(&self) -> u128 {
+        (self.rng.next_u64() as u128) << 64 | self.rng.next_u64() as u128
+    }
+
+    /// A uniform integer in `0..n` (n > 0).
+    pub fn random_below(&self, n: u64) -> u64 {
+        debug_assert!(n > 0);
+        // Lemire's multiply-shift: unbiased enough for placement and jitter.
+        ((self.rng.next_u64() as u128 * n.max(1) as u128) >> 64) as u64
+    }
+
+    /// Shuffles `v` in place (Fisher–Yates) with this env's randomness.
+    pub fn shuffle<T>(&self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.random_below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+
+    pub async fn connect(&self, addr: &str) -> io::Result<BoxStream> {
+        self.net.connect(addr).await
+    }
+
+    pub async fn bind(&self, addr: &str) -> io::Result<Box<dyn Listener>> {
+        self.net.bind(addr).await
+    }
+
+    pub async fn open_disk(&self, path: &Path, create_len: Option<u64>) -> io::Result<Arc<dyn Disk>> {
+        self.disks.open(path, create_len).await
+    }
+}

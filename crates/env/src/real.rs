@@ -1,0 +1,264 @@
+//! The real world: tokio timers, OS entropy, TCP and unix sockets, and
+//! files or block devices accessed with positional I/O on tokio's blocking
+//! pool, made durable with `fdatasync`.
+
+// This module *is* the real side of the seam: the one place allowed to
+// call the clock, the OS entropy source, sockets and files directly.
+#![allow(clippy::disallowed_methods)]
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rand::{RngCore, SeedableRng};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::{BoxStream, Clock, Disk, Disks, Instant, Listener, Net, Rng};
+
+pub struct RealClock;
+
+impl Clock for RealClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+    fn system_time(&self) -> SystemTime {
+        SystemTime::now()
+    }
+    fn sleep(&self, d: Duration) -> BoxFuture<'static, ()> {
+        tokio::time::sleep(d).boxed()
+    }
+}
+
+pub struct RealRng(Mutex<rand::rngs::StdRng>);
+
+impl RealRng {
+    pub fn new() -> Self {
+        RealRng(Mutex::new(rand::rngs::StdRng::from_os_rng()))
+    }
+}
+
+impl Default for RealRng {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Rng for RealRng {
+    fn next_u64(&self) -> u64 {
+        match self.0.lock() {
+            Ok(mut r) => r.next_u64(),
+            Err(poisoned) => poisoned.into_inner().next_u64(),
+        }
+    }
+}
+
+pub struct RealNet;
+
+fn unix_path(addr: &str) -> Option<&str> {
+    addr.strip_prefix("unix:")
+}
+
+impl Net for RealNet {
+    fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>> {
+        let addr = addr.to_string();
+        async move {
+            if let Some(path) = unix_path(&addr) {
+                let s = UnixStream::connect(path).await?;
+                Ok(Box::new(s) as BoxStream)
+            } else {
+                let s = TcpStream::connect(&addr).await?;
+                // Small control messages must not wait for Nagle.
+                s.set_nodelay(true)?;
+                Ok(Box::new(s) as BoxStream)
+            }
+        }
+        .boxed()
+    }
+
+    fn bind(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>> {
+        let addr = addr.to_string();
+        async move {
+            if let Some(path) = unix_path(&addr) {
+                // A stale socket file from a previous run would make bind fail.
+                let _ = std::fs::remove_file(path);
+                let l = UnixListener::bind(path)?;
+                Ok(Box::new(RealUnixListener { l, path: path.to_string() }) as Box<dyn Listener>)
+            } else {
+                let l = TcpListener::bind(&addr).await?;
+                let local = l.local_addr()?.to_string();
+                Ok(Box::new(RealTcpListener { l, local }) as Box<dyn Listener>)
+            }
+        }
+        .boxed()
+    }
+}
+
+struct RealTcpListener {
+    l: TcpListener,
+    local: String,
+}
+
+impl Listener for RealTcpListener {
+    fn accept(&self) -> BoxFuture<'_, io::Result<(BoxStream, String)>> {
+        async move {
+            let (s, peer) = self.l.accept().await?;
+            s.set_nodelay(true)?;
+            Ok((Box::new(s) as BoxStream, peer.to_string()))
+        }
+        .boxed()
+    }
+    fn local_addr(&self) -> String {
+        self.local.clone()
+    }
+}
+
+struct RealUnixListener {
+    l: UnixListener,
+    path: String,
+}
+
+impl Listener for RealUnixListener {
+    fn accept(&self) -> BoxFuture<'_, io::Result<(BoxStream, String)>> {
+        async move {
+            let (s, _) = self.l.accept().await?;
+            Ok((Box::new(s) as BoxStream, format!("unix:{}", self.path)))
+        }
+        .boxed()
+    }
+    fn local_addr(&self) -> String {
+        format!("unix:{}", self.path)
+    }
+}
+
+pub struct RealDisks;
+
+impl Disks for RealDisks {
+    fn open(&self, path: &Path, create_len: Option<u64>) -> BoxFuture<'static, io::Result<Arc<dyn Disk>>> {
+        let path = path.to_path_buf();
+        async move {
+            let disk = tokio::task::spawn_blocking(move || RealDisk::open(path, create_len))
+                .await
+                .map_err(io::Error::other)??;
+            Ok(Arc::new(disk) as Arc<dyn Disk>)
+        }
+        .boxed()
+    }
+}
+
+struct RealDisk {
+    file: Arc<File>,
+    len: u64,
+}
+
+impl RealDisk {
+    fn open(path: PathBuf, create_len: Option<u64>) -> io::Result<RealDisk> {
+        let exists = path.exists();
+        if !exists {
+            let Some(len) = create_len else {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("disk {} does not exist; give a size to create it", path.display()),
+                ));
+            };
+            let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+            // Allocate every block now: a disk that runs out of space under a
+            // write we already promised to store would be a lie.
+            rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, len)?;
+            f.sync_all()?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                File::open(dir)?.sync_all()?;
+            }
+        }
+        let mut file = OpenOptions::new().read(true).write(true).open(&path)?;
+        // Works for regular files and block devices alike.
+        let len = file.seek(SeekFrom::End(0))?;
+        Ok(RealDisk { file: Arc::new(file), len })
+    }
+}
+
+impl Disk for RealDisk {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Vec<u8>>> {
+        let file = self.file.clone();
+        let disk_len = self.len;
+        async move {
+            check_range(offset, len as u64, disk_len)?;
+            tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; len];
+                file.read_exact_at(&mut buf, offset)?;
+                Ok(buf)
+            })
+            .await
+            .map_err(io::Error::other)?
+        }
+        .boxed()
+    }
+
+    fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>> {
+        let file = self.file.clone();
+        let disk_len = self.len;
+        async move {
+            for (off, b) in &writes {
+                check_range(*off, b.len() as u64, disk_len)?;
+            }
+            tokio::task::spawn_blocking(move || {
+                for (off, b) in writes {
+                    file.write_all_at(&b, off)?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(io::Error::other)?
+        }
+        .boxed()
+    }
+
+    fn sync(&self) -> BoxFuture<'static, io::Result<()>> {
+        let file = self.file.clone();
+        async move { tokio::task::spawn_blocking(move || file.sync_data()).await.map_err(io::Error::other)? }
+            .boxed()
+    }
+}
+
+fn check_range(offset: u64, len: u64, disk_len: u64) -> io::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= disk_len => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("disk access [{offset}, +{len}) is past the disk's end ({disk_len})"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A created disk has its full size, and synced writes read back.
+    #[tokio::test]
+    async fn real_disk_round_trip() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("d");
+        let d = RealDisks.open(&path, Some(1 << 20)).await?;
+        assert_eq!(d.len(), 1 << 20);
+        d.write_at(vec![(4096, Bytes::from_static(b"tract")), (0, Bytes::from_static(b"sb"))]).await?;
+        d.sync().await?;
+        assert_eq!(d.read_at(4096, 5).await?, b"tract");
+        assert_eq!(d.read_at(0, 2).await?, b"sb");
+        assert!(d.read_at((1 << 20) - 1, 2).await.is_err());
+        drop(d);
+        let d = RealDisks.open(&path, None).await?;
+        assert_eq!(d.read_at(4096, 5).await?, b"tract");
+        assert!(RealDisks.open(&dir.path().join("missing"), None).await.is_err());
+        Ok(())
+    }
+}

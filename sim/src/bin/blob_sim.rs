@@ -1,0 +1,161 @@
+//! Runs the blob-store cluster simulation: one seed in this process, or
+//! many seeds each in a child process of its own.
+//!
+//!     blob-sim --seed 7 [--trace]        one seed; exit 1 on a violation
+//!     blob-sim --seeds 200 [--first 1]   seeds 1..=200, two at a time
+//!
+//! Why a process per seed: tokio numbers tasks with a process-wide counter
+//! and shards its task list by that number, so the order in which a
+//! crashed host's sockets close depends on how many tasks earlier runs in
+//! the same process spawned. A fresh process per seed makes every run, and
+//! every replay of a failing seed, exactly the same.
+
+use std::process::{Command, ExitCode};
+
+use blizzard_sim::{run_blob_sim, BlobSimConfig};
+
+struct Args {
+    seed: Option<u64>,
+    seeds: u64,
+    first: u64,
+    jobs: usize,
+    trace: bool,
+    cfg: BlobSimConfig,
+}
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--no-crashes] [--plant ack-before-sync]"
+    );
+    ExitCode::from(2)
+}
+
+fn parse() -> Option<Args> {
+    let mut a = Args { seed: None, seeds: 0, first: 1, jobs: 2, trace: false, cfg: BlobSimConfig::default() };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut num = || it.next().and_then(|v| v.parse::<u64>().ok());
+        match flag.as_str() {
+            "--seed" => a.seed = Some(num()?),
+            "--seeds" => a.seeds = num()?,
+            "--first" => a.first = num()?,
+            "--jobs" => a.jobs = num()?.max(1) as usize,
+            "--replication" => a.cfg.replication = u8::try_from(num()?).ok()?,
+            "--tractservers" => a.cfg.tractservers = num()? as usize,
+            "--trace" => a.trace = true,
+            "--plant" => match it.next()?.as_str() {
+                "ack-before-sync" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::AckBeforeSync,
+                _ => return None,
+            },
+            "--no-crashes" => {
+                a.cfg.crash_tractservers = false;
+                a.cfg.restart_meta = false;
+            }
+            _ => return None,
+        }
+    }
+    Some(a)
+}
+
+fn config_flags(a: &Args) -> Vec<String> {
+    let mut v = vec![
+        "--replication".to_string(),
+        a.cfg.replication.to_string(),
+        "--tractservers".to_string(),
+        a.cfg.tractservers.to_string(),
+    ];
+    if !a.cfg.crash_tractservers {
+        v.push("--no-crashes".into());
+    }
+    if a.cfg.planted_bug == blizzard_tractserver::PlantedBug::AckBeforeSync {
+        v.push("--plant".into());
+        v.push("ack-before-sync".into());
+    }
+    v
+}
+
+fn main() -> ExitCode {
+    let Some(a) = parse() else { return usage() };
+    if let Some(seed) = a.seed {
+        return match run_blob_sim(seed, &a.cfg) {
+            Ok(r) => {
+                if a.trace {
+                    println!("{}", r.trace);
+                }
+                println!(
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} simulated_ms={} trace_digest={:016x}",
+                    r.seed,
+                    r.acknowledged_writes,
+                    r.verified_reads,
+                    r.tractserver_crashes,
+                    r.meta_restarts,
+                    r.simulated.as_millis(),
+                    r.trace.digest()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                println!("seed={seed} VIOLATION\n{e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if a.seeds == 0 {
+        return usage();
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        eprintln!("cannot find this program's path to run seeds in child processes");
+        return ExitCode::FAILURE;
+    };
+    let seeds: Vec<u64> = (a.first..a.first + a.seeds).collect();
+    let mut failed = Vec::new();
+    let (mut acked, mut crashes, mut restarts) = (0u64, 0u64, 0u64);
+    for batch in seeds.chunks(a.jobs) {
+        let children: Vec<_> = batch
+            .iter()
+            .map(|s| {
+                let mut c = Command::new(&exe);
+                c.arg("--seed").arg(s.to_string()).args(config_flags(&a));
+                (*s, c.output())
+            })
+            .collect();
+        for (seed, out) in children {
+            match out {
+                Ok(o) if o.status.success() => {
+                    let line = String::from_utf8_lossy(&o.stdout);
+                    let field = |k: &str| {
+                        line.split_whitespace()
+                            .find_map(|f| f.strip_prefix(k))
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    };
+                    acked += field("acknowledged_writes=");
+                    crashes += field("tractserver_crashes=");
+                    restarts += field("meta_restarts=");
+                }
+                Ok(o) => {
+                    println!("{}", String::from_utf8_lossy(&o.stdout));
+                    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+                    failed.push(seed);
+                }
+                Err(e) => {
+                    eprintln!("seed {seed}: cannot run child: {e}");
+                    failed.push(seed);
+                }
+            }
+        }
+    }
+    println!(
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts}",
+        seeds.len(),
+        failed.len()
+    );
+    for s in &failed {
+        println!("replay: blob-sim --seed {s} --trace {}", config_flags(&a).join(" "));
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

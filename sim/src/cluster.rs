@@ -1,0 +1,358 @@
+//! A whole blob-store cluster in one seeded process: a metadata server, N
+//! tractservers on simulated disks, and clients running a verified
+//! workload, with tractserver crashes (losing, keeping or tearing unsynced
+//! writes) and metadata-server restarts drawn from the seed.
+//!
+//! The checker is the acknowledged-write oracle: each client keeps a model
+//! of every byte it was told is durable, and every read — during the run
+//! and after it — must match it exactly. A write that fails is retried
+//! until acknowledged, so the model is always exact.
+//!
+//! Fault model exercised here (network faults beyond crashes — partitions,
+//! loss, delay, duplication — come with fault tolerance, issue 3):
+//! - tractserver crash: the host's software stops at once, open
+//!   connections break, and its disk crashes (`SimDisk::crash`); after a
+//!   pause the host restarts on the same disk;
+//! - metadata server crash and restart: all its state is gone; it rebuilds
+//!   the TLT from the tractservers' heartbeats.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use blizzard_client::{Client, ClientConfig};
+use blizzard_metaserver::server::{self as meta, MetaConfig};
+use blizzard_tractserver::{self as ts, TractServerConfig};
+
+use crate::{derive_seed, sim_env, sim_env_incarnation, SimDisks, Trace};
+
+#[derive(Clone, Debug)]
+pub struct BlobSimConfig {
+    pub tractservers: usize,
+    pub replication: u8,
+    pub clients: usize,
+    pub tracts_per_client: u64,
+    pub writes_per_client: usize,
+    pub tract_size: u32,
+    /// Crash and restart tractservers during the run.
+    pub crash_tractservers: bool,
+    /// Crash and restart the metadata server during the run.
+    pub restart_meta: bool,
+    /// A bug planted in every tractserver, to show the oracle catches it.
+    pub planted_bug: blizzard_tractserver::PlantedBug,
+}
+
+impl Default for BlobSimConfig {
+    fn default() -> Self {
+        BlobSimConfig {
+            tractservers: 6,
+            replication: 3,
+            clients: 2,
+            tracts_per_client: 6,
+            writes_per_client: 40,
+            tract_size: 16 << 10,
+            crash_tractservers: true,
+            restart_meta: true,
+            planted_bug: blizzard_tractserver::PlantedBug::None,
+        }
+    }
+}
+
+/// What a run did; the trace is what determinism is judged by.
+#[derive(Debug)]
+pub struct BlobSimReport {
+    pub seed: u64,
+    pub trace: Trace,
+    pub acknowledged_writes: u64,
+    pub verified_reads: u64,
+    pub tractserver_crashes: u32,
+    pub meta_restarts: u32,
+    pub simulated: Duration,
+}
+
+const META_ADDR: &str = "meta:7700";
+
+fn ts_host(i: usize) -> String {
+    format!("ts{i}")
+}
+
+fn disk_path(i: usize) -> String {
+    format!("/sim/ts{i}.disk")
+}
+
+/// Runs one seed. `Err` carries what went wrong and how to replay it.
+pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, String> {
+    let replay = format!(
+        "replay: SIM_SEED={seed} cargo test -p blizzard-sim --test blob_cluster -- replay --nocapture"
+    );
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .simulation_duration(Duration::from_secs(3600))
+        .tick_duration(Duration::from_millis(1))
+        .build();
+    let disks = SimDisks::new(derive_seed(seed, "disks"));
+    let trace = Trace::new();
+    let acked = Arc::new(AtomicU64::new(0));
+    let verified = Arc::new(AtomicU64::new(0));
+
+    let meta_lives = Rc::new(RefCell::new(0u64));
+    {
+        let (disks, lives, tsn, repl, tract) =
+            (disks.clone(), meta_lives.clone(), cfg.tractservers, cfg.replication, cfg.tract_size);
+        sim.host("meta", move || {
+            let life = {
+                let mut l = lives.borrow_mut();
+                *l += 1;
+                *l
+            };
+            let env = sim_env_incarnation(seed, "meta", life, disks.clone());
+            async move {
+                let mut c = MetaConfig::new("0.0.0.0:7700");
+                c.tract_size = tract;
+                c.replication = repl;
+                c.init_tractservers = tsn;
+                c.heartbeat_interval = Duration::from_millis(100);
+                c.dead_after = Duration::from_secs(1);
+                c.rebuild_grace = Duration::from_secs(2);
+                c.request_timeout = Duration::from_secs(2);
+                let h = meta::start(env, c).await?;
+                h.wait().await;
+                Ok(())
+            }
+        });
+    }
+    for i in 0..cfg.tractservers {
+        let (disks, lives, planted) = (disks.clone(), Rc::new(RefCell::new(0u64)), cfg.planted_bug);
+        sim.host(ts_host(i), move || {
+            let life = {
+                let mut l = lives.borrow_mut();
+                *l += 1;
+                *l
+            };
+            let env = sim_env_incarnation(seed, &ts_host(i), life, disks.clone());
+            async move {
+                let mut c = TractServerConfig::new(disk_path(i), "0.0.0.0:7000", META_ADDR);
+                c.disk_size = Some(16 << 20);
+                c.failure_domain = format!("rack{}", i % 4);
+                c.heartbeat_interval = Duration::from_millis(100);
+                c.request_timeout = Duration::from_secs(2);
+                c.planted_bug = planted;
+                let h = ts::start(env, c).await?;
+                h.wait().await;
+                Ok(())
+            }
+        });
+    }
+    for c in 0..cfg.clients {
+        let host = format!("client{c}");
+        let env = sim_env(seed, &host, SimDisks::new(0));
+        let (trace, acked, verified, cfg) = (trace.clone(), acked.clone(), verified.clone(), cfg.clone());
+        sim.client(host.clone(), async move {
+            client_workload(env, host, cfg, trace, acked, verified)
+                .await
+                .map_err(|e| -> Box<dyn std::error::Error> { e.to_string().into() })
+        });
+    }
+
+    // The chaos schedule, drawn from its own stream of the seed.
+    let mut chaos = SmallRng::seed_from_u64(derive_seed(seed, "chaos"));
+    let mut ts_down: Option<(usize, u64)> = None;
+    let mut meta_down: Option<u64> = None;
+    let (mut ts_crashes, mut meta_restarts) = (0u32, 0u32);
+    let mut step: u64 = 0;
+    loop {
+        match sim.step() {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => return Err(format!("seed {seed}: {e}\n{replay}\ntrace tail:\n{}", tail(&trace, 30))),
+        }
+        step += 1;
+        let now = sim.elapsed();
+        // Let the cluster form before the first fault.
+        if now < Duration::from_secs(2) {
+            continue;
+        }
+        if cfg.crash_tractservers {
+            match ts_down {
+                None if chaos.random_ratio(1, 1500) => {
+                    let i = chaos.random_range(0..cfg.tractservers);
+                    sim.crash(ts_host(i));
+                    let report = disks.get(disk_path(i).as_ref()).map(|d| d.crash()).unwrap_or_default();
+                    trace.event_at(now, "chaos", format!("crash {} {report:?}", ts_host(i)));
+                    ts_down = Some((i, step + chaos.random_range(100..1500)));
+                    ts_crashes += 1;
+                }
+                Some((i, at)) if step >= at => {
+                    sim.bounce(ts_host(i));
+                    trace.event_at(now, "chaos", format!("restart {}", ts_host(i)));
+                    ts_down = None;
+                }
+                _ => {}
+            }
+        }
+        if cfg.restart_meta {
+            match meta_down {
+                None if chaos.random_ratio(1, 4000) => {
+                    sim.crash("meta");
+                    trace.event_at(now, "chaos", "crash meta");
+                    meta_down = Some(step + chaos.random_range(50..1000));
+                    meta_restarts += 1;
+                }
+                Some(at) if step >= at => {
+                    sim.bounce("meta");
+                    trace.event_at(now, "chaos", "restart meta");
+                    meta_down = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(BlobSimReport {
+        seed,
+        trace,
+        acknowledged_writes: acked.load(Ordering::Relaxed),
+        verified_reads: verified.load(Ordering::Relaxed),
+        tractserver_crashes: ts_crashes,
+        meta_restarts,
+        simulated: sim.elapsed(),
+    })
+}
+
+fn tail(trace: &Trace, n: usize) -> String {
+    let lines = trace.lines();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One client: its own blob, random aligned and unaligned writes (retried
+/// until acknowledged), random verified reads, and a full verified read at
+/// the end.
+async fn client_workload(
+    env: blizzard_env::Env,
+    host: String,
+    cfg: BlobSimConfig,
+    trace: Trace,
+    acked: Arc<AtomicU64>,
+    verified: Arc<AtomicU64>,
+) -> Result<(), BoxError> {
+    let mut cc = ClientConfig::new(META_ADDR);
+    cc.request_timeout = Duration::from_secs(2);
+    cc.attempts = 30;
+    cc.backoff_max = Duration::from_millis(500);
+    cc.connect_timeout = Duration::from_secs(120);
+    let client = Client::connect(env.clone(), cc).await?;
+    let mut rng = SmallRng::seed_from_u64(env.random_u64());
+    let ts = cfg.tract_size;
+    let blob = loop {
+        match client.create_blob(None, cfg.replication).await {
+            Ok(b) => break b,
+            Err(e) => {
+                trace.event(&host, format!("create failed, retrying: {e}"));
+                env.sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    loop {
+        match blob.extend_to(cfg.tracts_per_client).await {
+            Ok(_) => break,
+            Err(e) => {
+                trace.event(&host, format!("extend failed, retrying: {e}"));
+                env.sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let mut model = vec![vec![0u8; ts as usize]; cfg.tracts_per_client as usize];
+    let read_verified = |model: &Vec<Vec<u8>>, t: u64, off: u32, got: &[u8]| -> Result<(), BoxError> {
+        let want = &model[t as usize][off as usize..off as usize + got.len()];
+        if got != want {
+            let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "{host}: acknowledged data lost or corrupted: tract {t} offset {}: read {:#04x}, expected {:#04x}",
+                off as usize + at,
+                got[at],
+                want[at]
+            )
+            .into());
+        }
+        Ok(())
+    };
+    for w in 0..cfg.writes_per_client {
+        let t = rng.random_range(0..cfg.tracts_per_client);
+        let (off, len) = match rng.random_range(0..3) {
+            0 => (0, ts),
+            1 => {
+                let chunk = rng.random_range(0..ts / 4096);
+                (chunk * 4096, 4096 * rng.random_range(1..=(ts / 4096 - chunk)))
+            }
+            _ => {
+                let off = rng.random_range(0..ts - 1);
+                (off, rng.random_range(1..=(ts - off).min(6000)))
+            }
+        };
+        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        let mut tries = 0;
+        loop {
+            match blob.write(t, off, Bytes::from(data.clone())).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tries += 1;
+                    trace.event(&host, format!("write {w} failed (try {tries}), retrying: {e}"));
+                    if tries > 50 {
+                        return Err(format!("{host}: write {w} never succeeded: {e}").into());
+                    }
+                    env.sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        model[t as usize][off as usize..(off + len) as usize].copy_from_slice(&data);
+        acked.fetch_add(1, Ordering::Relaxed);
+        trace.event(&host, format!("ack write {w} tract {t} [{off}, +{len})"));
+        if rng.random_ratio(1, 3) {
+            let rt = rng.random_range(0..cfg.tracts_per_client);
+            let roff = rng.random_range(0..ts);
+            let rlen = rng.random_range(1..=ts - roff);
+            let got = retry_read(&env, &blob, rt, roff, rlen, &trace, &host).await?;
+            read_verified(&model, rt, roff, &got)?;
+            verified.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    for t in 0..cfg.tracts_per_client {
+        let got = retry_read(&env, &blob, t, 0, ts, &trace, &host).await?;
+        read_verified(&model, t, 0, &got)?;
+        verified.fetch_add(1, Ordering::Relaxed);
+    }
+    trace.event(&host, "done: every acknowledged byte verified");
+    Ok(())
+}
+
+async fn retry_read(
+    env: &blizzard_env::Env,
+    blob: &blizzard_client::Blob,
+    t: u64,
+    off: u32,
+    len: u32,
+    trace: &Trace,
+    host: &str,
+) -> Result<Bytes, BoxError> {
+    let mut tries = 0;
+    loop {
+        match blob.read(t, off, len).await {
+            Ok(b) => return Ok(b),
+            Err(e) => {
+                tries += 1;
+                trace.event(host, format!("read of tract {t} failed (try {tries}): {e}"));
+                if tries > 50 {
+                    return Err(format!("{host}: tract {t} unreadable: {e}").into());
+                }
+                env.sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
