@@ -6,8 +6,10 @@
 # One client writes then reads SIZE bytes sequentially and in random order,
 # in 8 MiB (tract) and 128 KiB requests, against 4 tractservers in one
 # process, 1-way and 3-way. The page cache is dropped before every read
-# phase (needs root). fio does the same on one raw file. Prints a markdown
-# table for docs/benchmarks.md; needs root and fio (installed if missing).
+# phase (needs root). fio does the same on one raw file, buffered (the same
+# path the tractservers take: page cache, then fdatasync / end_fsync) and
+# with O_DIRECT (the device's own speed). Prints a markdown table for
+# docs/benchmarks.md; needs root and fio (installed if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE=${1:-4GiB}
@@ -20,24 +22,27 @@ mkdir -p "$DIR"
 trap 'rm -rf "$DIR"' EXIT
 out=$(mktemp)
 
-fio_run() { # name rw bs
+fio_run() { # name rw bs direct
     local extra=()
     case $2 in *read) sync; echo 3 > /proc/sys/vm/drop_caches;; *) extra=(--end_fsync=1);; esac
     fio --name="$1" --filename="$DIR/raw.img" --size="$FIO_SIZE" --bs="$3" --rw="$2" \
-        --ioengine=libaio --iodepth=16 --direct=0 "${extra[@]}" --output-format=json |
+        --ioengine=libaio --iodepth=16 --direct="$4" "${extra[@]}" --output-format=json |
         python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; k="read" if j["read"]["bw_bytes"] else "write"; print(j[k]["bw_bytes"]/1e6)'
 }
 
-echo "| workload | raw file (fio) MB/s | blizzard 1-way MB/s | ratio | blizzard 3-way MB/s | ratio | CPU s/GB 1-way | CPU s/GB 3-way |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| workload | raw file, buffered (fio) MB/s | raw file, O_DIRECT (fio) MB/s | blizzard 1-way MB/s | ratio to buffered | blizzard 3-way MB/s | ratio to buffered | CPU s/GB 1-way | CPU s/GB 3-way |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for pattern in seq rand; do
   for req in tract 128KiB; do
     bs=$([ $req = tract ] && echo 8M || echo 128k)
     fio_rw_w=$([ $pattern = seq ] && echo write || echo randwrite)
     fio_rw_r=$([ $pattern = seq ] && echo read || echo randread)
     rm -f "$DIR/raw.img"
-    raw_w=$(fio_run w "$fio_rw_w" "$bs")
-    raw_r=$(fio_run r "$fio_rw_r" "$bs")
+    raw_w=$(fio_run w "$fio_rw_w" "$bs" 0)
+    raw_r=$(fio_run r "$fio_rw_r" "$bs" 0)
+    rm -f "$DIR/raw.img"
+    dio_w=$(fio_run w "$fio_rw_w" "$bs" 1)
+    dio_r=$(fio_run r "$fio_rw_r" "$bs" 1)
     rm -f "$DIR/raw.img"
     declare -A mb cpu
     for k in 1 3; do
@@ -52,7 +57,8 @@ for pattern in seq rand; do
     rm -rf "$DIR/cluster"
     for phase in write read; do
       raw=$([ $phase = write ] && echo "$raw_w" || echo "$raw_r")
-      printf '| %s %s %s | %.0f | %.0f | %.2f | %.0f | %.2f | %s | %s |\n' "$pattern" "$phase" "$req" "$raw" \
+      dio=$([ $phase = write ] && echo "$dio_w" || echo "$dio_r")
+      printf '| %s %s %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %s | %s |\n' "$pattern" "$phase" "$req" "$raw" "$dio" \
         "${mb[1$phase]}" "$(python3 -c "print(${mb[1$phase]}/$raw)")" \
         "${mb[3$phase]}" "$(python3 -c "print(${mb[3$phase]}/$raw)")" "${cpu[1$phase]}" "${cpu[3$phase]}"
     done

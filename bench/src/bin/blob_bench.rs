@@ -22,6 +22,9 @@ use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::parse_size;
 use blizzard_env::Env;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 struct Args {
     /// Data directory for the embedded cluster's disk files.

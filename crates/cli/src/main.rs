@@ -17,6 +17,11 @@ use blizzard_metaserver::server::MetaConfig;
 use blizzard_proto::ClusterStatus;
 use blizzard_tractserver::TractServerConfig;
 
+// Tract-sized buffers come and go constantly; mimalloc keeps freed ones for
+// reuse instead of handing them back to the kernel to be faulted in again.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "blizzard", version, about = "blizzard: a cloud-scale virtual block store")]
 struct Cli {

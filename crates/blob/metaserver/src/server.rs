@@ -541,8 +541,11 @@ impl MetaServer {
         match req {
             Request::Ping => Ok(Reply::Done),
             Request::Heartbeat(hb) => self.heartbeat(hb),
-            Request::GetTlt { have_version } => match self.tlt() {
-                Some(t) if t.version == have_version => Ok(Reply::Tlt(None)),
+            // Always the whole table: a metadata server rebuilt after a
+            // restart may reuse a version number for a table that differs
+            // in addresses, so "you are current" cannot be trusted on the
+            // version alone. Clients fetch only when something is stale.
+            Request::GetTlt { have_version: _ } => match self.tlt() {
                 Some(t) => Ok(Reply::Tlt(Some((*t).clone()))),
                 None => Err(err(ErrorCode::NotReady, "the cluster has no TLT yet; waiting for tractservers")),
             },

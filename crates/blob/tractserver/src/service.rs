@@ -397,12 +397,31 @@ impl TractService {
     /// A metadata change at the primary: serialize, prepare everywhere,
     /// commit here, commit everywhere.
     async fn meta_change(&self, blob: BlobId, row_version: u64, op: MetaOp) -> Result<Reply, ErrorReply> {
+        let blob_lock = self.blob_lock(blob);
+        let result = {
+            let _serial = blob_lock.lock().await;
+            self.meta_change_serialized(blob, row_version, op).await
+        };
+        // Forget the lock once nobody else holds or waits for it, so the
+        // map does not grow with every blob ever touched.
+        let mut locks = lock(&self.blob_locks);
+        if locks.get(&blob).is_some_and(|l| Arc::ptr_eq(l, &blob_lock) && Arc::strong_count(l) == 2) {
+            locks.remove(&blob);
+        }
+        result
+    }
+
+    async fn meta_change_serialized(
+        &self,
+        blob: BlobId,
+        row_version: u64,
+        op: MetaOp,
+    ) -> Result<Reply, ErrorReply> {
+        // Checked under the blob's lock: the row may have moved while we waited.
         let (col, members) = self.check(blob, TractNo::META, row_version)?;
         if col != 0 {
             return Err(not_primary(blob));
         }
-        let blob_lock = self.blob_lock(blob);
-        let _serial = blob_lock.lock().await;
         let cur = lock(&self.metas).get(&blob).copied();
         let new: Option<BlobMeta> = match (op, cur) {
             (MetaOp::Create { .. }, Some(_)) => {
