@@ -399,12 +399,12 @@ impl Disk for SimDisk {
         self.0.len
     }
 
-    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Vec<u8>>> {
+    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Bytes>> {
         let disk = self.clone();
         async move {
             check_range(offset, len as u64, disk.0.len)?;
             delay(disk.latency()).await;
-            Ok(disk.read_now(offset, len))
+            Ok(Bytes::from(disk.read_now(offset, len)))
         }
         .boxed()
     }
@@ -528,7 +528,7 @@ mod tests {
             block_on(d.sync())?;
             write(&d, 8192, b"unsynced".to_vec())?;
             d.crash();
-            assert_eq!(block_on(d.read_at(4096, 10))?, b"tract data");
+            assert_eq!(&block_on(d.read_at(4096, 10))?[..], b"tract data");
             assert_eq!(d.pending_writes(), 0);
         }
         Ok(())
@@ -589,7 +589,7 @@ mod tests {
     // A crash replays: the same seed gives the same post-crash image.
     #[test]
     fn crash_outcome_is_a_function_of_the_seed() -> io::Result<()> {
-        let image = |seed| -> io::Result<Vec<u8>> {
+        let image = |seed| -> io::Result<Bytes> {
             let d = disk(seed, FaultConfig::default());
             for i in 0..16u64 {
                 write(&d, i * 1000, vec![i as u8 + 1; 1500])?;
@@ -608,7 +608,7 @@ mod tests {
         let d = disk(1, FaultConfig::default());
         let len = Disk::len(&d);
         assert_eq!(len, 64 * 1024);
-        let kind = |r: io::Result<Vec<u8>>| r.err().map(|e| e.kind());
+        let kind = |r: io::Result<Bytes>| r.err().map(|e| e.kind());
         assert_eq!(kind(block_on(d.read_at(len - 1, 2))), Some(io::ErrorKind::InvalidInput));
         assert_eq!(kind(block_on(d.read_at(u64::MAX, 2))), Some(io::ErrorKind::InvalidInput));
         assert!(block_on(d.read_at(len - 1, 1)).is_ok());
@@ -616,7 +616,7 @@ mod tests {
         let r =
             block_on(d.write_at(vec![(0, Bytes::from_static(b"ok")), (len - 1, Bytes::from_static(b"no"))]));
         assert_eq!(r.err().map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
-        assert_eq!(block_on(d.read_at(0, 2))?, vec![0, 0], "a rejected call writes nothing");
+        assert_eq!(&block_on(d.read_at(0, 2))?[..], &[0, 0], "a rejected call writes nothing");
         assert_eq!(d.pending_writes(), 0);
         assert!(d.flip_bit(len, 0).is_err());
         assert!(d.corrupt_random(len..len + 10).is_err());
@@ -728,7 +728,7 @@ mod tests {
         drop(d);
         disks.crash();
         let d = block_on(disks.open(path, None))?;
-        assert_eq!(block_on(d.read_at(1 << 29, 10))?, b"superblock");
+        assert_eq!(&block_on(d.read_at(1 << 29, 10))?[..], b"superblock");
         assert_eq!(disks.disks().len(), 1);
         assert!(disks.get(path).is_some());
         Ok(())

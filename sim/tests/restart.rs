@@ -35,8 +35,9 @@ fn synced_state_survives_host_restart() -> Result {
             async move {
                 let env = sim_env_incarnation(seed, "ts1", inc, disks);
                 let d = env.open_disk(Path::new("/dev/sim0"), Some(1 << 20)).await?;
-                let boots = u64::from_le_bytes(d.read_at(0, 8).await?.try_into().map_err(|_| "short read")?);
-                let dirty = d.read_at(4096, 5).await?;
+                let boots =
+                    u64::from_le_bytes(d.read_at(0, 8).await?[..].try_into().map_err(|_| "short read")?);
+                let dirty = d.read_at(4096, 5).await?.to_vec();
                 trace.event("ts1", format!("boot {boots} dirty {dirty:?} rng {}", env.random_u64() % 1000));
                 d.write_at(vec![(0, Bytes::copy_from_slice(&(boots + 1).to_le_bytes()))]).await?;
                 d.sync().await?;

@@ -282,6 +282,35 @@ async fn restarted_tractserver_serves_its_tracts() -> R {
     Ok(())
 }
 
+/// The whole embedded cluster stopped and started again on its data
+/// directory: the TLT is rebuilt from the disks and every blob is intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_cluster_survives_a_full_restart() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, 4, 2, 32 << 20).await;
+    let client = c.client().await?;
+    let b = client.create_blob(None, 2).await?;
+    b.extend_to(12).await?;
+    for t in 0..12 {
+        b.write(t, 100, Bytes::from(pattern(t + 50, 30000))).await?;
+    }
+    let (id, rows) = (b.id(), client.tlt().rows.clone());
+    drop((b, client));
+    c.stop().await;
+
+    let c = cluster(&dir, 4, 2, 32 << 20).await;
+    let client = c.client().await?;
+    assert_eq!(client.tlt().rows, rows, "the rebuilt TLT differs from the one stored on the disks");
+    let b = client.open_blob(id).await?;
+    assert_eq!(b.size_tracts(), 12);
+    for t in 0..12 {
+        assert!(b.read(t, 100, 30000).await?[..] == pattern(t + 50, 30000)[..]);
+        assert!(b.read(t, 0, 100).await?.iter().all(|&x| x == 0));
+    }
+    c.stop().await;
+    Ok(())
+}
+
 fn flip_byte(path: &std::path::Path, at: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;

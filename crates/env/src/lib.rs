@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 pub use tokio::time::Instant;
@@ -69,12 +69,27 @@ pub trait Disk: Send + Sync {
         self.len() == 0
     }
     /// Reads exactly `len` bytes at `offset`.
-    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Vec<u8>>>;
+    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Bytes>>;
     /// Writes each `(offset, bytes)`; one call, so a server can hand one
     /// request's data, CRCs and table entry over in one go.
     fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>>;
     /// Makes every completed write durable (`fdatasync`).
     fn sync(&self) -> BoxFuture<'static, io::Result<()>>;
+}
+
+/// Alignment of direct (page-cache bypassing) disk I/O: buffer addresses,
+/// offsets and lengths that are multiples of it go straight to the device.
+pub const DIRECT_IO_ALIGN: usize = 4096;
+
+/// An empty buffer with room for at least `len` bytes whose first byte is
+/// aligned for direct I/O, so data read from the network into it can go to
+/// the disk without another copy.
+pub fn aligned_buffer(len: usize) -> BytesMut {
+    let mut b = BytesMut::with_capacity(len + DIRECT_IO_ALIGN);
+    let pad = b.as_ptr().align_offset(DIRECT_IO_ALIGN).min(DIRECT_IO_ALIGN);
+    b.put_bytes(0, pad);
+    b.advance(pad);
+    b
 }
 
 /// The outside world as a server sees it.

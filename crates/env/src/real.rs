@@ -1,6 +1,14 @@
 //! The real world: tokio timers, OS entropy, TCP and unix sockets, and
 //! files or block devices accessed with positional I/O on tokio's blocking
 //! pool, made durable with `fdatasync`.
+//!
+//! Disks are opened twice: buffered, and with `O_DIRECT` where the file
+//! system allows it. I/O whose offset and length are multiples of
+//! [`DIRECT_IO_ALIGN`] goes direct: tract data then bypasses the page cache,
+//! as FDS tractservers use raw disks, so a tractserver neither copies every
+//! byte into the cache nor grows it without bound. Everything else (small
+//! table entries) goes through the cache. The kernel keeps the two views of
+//! a range coherent.
 
 // This module *is* the real side of the seam: the one place allowed to
 // call the clock, the OS entropy source, sockets and files directly.
@@ -8,7 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -19,7 +27,7 @@ use futures::FutureExt;
 use rand::{RngCore, SeedableRng};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::{BoxStream, Clock, Disk, Disks, Instant, Listener, Net, Rng};
+use crate::{aligned_buffer, BoxStream, Clock, Disk, Disks, Instant, Listener, Net, Rng, DIRECT_IO_ALIGN};
 
 pub struct RealClock;
 
@@ -153,7 +161,13 @@ impl Disks for RealDisks {
 
 struct RealDisk {
     file: Arc<File>,
+    /// The same file opened with O_DIRECT, if the file system supports it.
+    direct: Option<Arc<File>>,
     len: u64,
+}
+
+fn direct_ok(offset: u64, len: usize) -> bool {
+    offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
 }
 
 impl RealDisk {
@@ -178,7 +192,15 @@ impl RealDisk {
         let mut file = OpenOptions::new().read(true).write(true).open(&path)?;
         // Works for regular files and block devices alike.
         let len = file.seek(SeekFrom::End(0))?;
-        Ok(RealDisk { file: Arc::new(file), len })
+        let direct = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path)
+            .map_err(|e| tracing::info!(path = %path.display(), error = %e, "no O_DIRECT here; all disk I/O buffered"))
+            .ok()
+            .map(Arc::new);
+        Ok(RealDisk { file: Arc::new(file), direct, len })
     }
 }
 
@@ -187,15 +209,20 @@ impl Disk for RealDisk {
         self.len
     }
 
-    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Vec<u8>>> {
+    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Bytes>> {
         let file = self.file.clone();
+        let direct = self.direct.clone().filter(|_| direct_ok(offset, len));
         let disk_len = self.len;
         async move {
             check_range(offset, len as u64, disk_len)?;
             tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; len];
-                file.read_exact_at(&mut buf, offset)?;
-                Ok(buf)
+                let mut buf = aligned_buffer(len);
+                buf.resize(len, 0);
+                match &direct {
+                    Some(d) => d.read_exact_at(&mut buf, offset)?,
+                    None => file.read_exact_at(&mut buf, offset)?,
+                }
+                Ok(buf.freeze())
             })
             .await
             .map_err(io::Error::other)?
@@ -205,6 +232,7 @@ impl Disk for RealDisk {
 
     fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>> {
         let file = self.file.clone();
+        let direct = self.direct.clone();
         let disk_len = self.len;
         async move {
             for (off, b) in &writes {
@@ -212,7 +240,19 @@ impl Disk for RealDisk {
             }
             tokio::task::spawn_blocking(move || {
                 for (off, b) in writes {
-                    file.write_all_at(&b, off)?;
+                    match &direct {
+                        Some(d) if direct_ok(off, b.len()) => {
+                            if b.as_ptr().align_offset(DIRECT_IO_ALIGN) == 0 {
+                                d.write_all_at(&b, off)?;
+                            } else {
+                                // O_DIRECT needs an aligned buffer too.
+                                let mut a = aligned_buffer(b.len());
+                                a.extend_from_slice(&b);
+                                d.write_all_at(&a, off)?;
+                            }
+                        }
+                        _ => file.write_all_at(&b, off)?,
+                    }
                 }
                 Ok(())
             })
@@ -252,12 +292,23 @@ mod tests {
         assert_eq!(d.len(), 1 << 20);
         d.write_at(vec![(4096, Bytes::from_static(b"tract")), (0, Bytes::from_static(b"sb"))]).await?;
         d.sync().await?;
-        assert_eq!(d.read_at(4096, 5).await?, b"tract");
-        assert_eq!(d.read_at(0, 2).await?, b"sb");
+        assert_eq!(&d.read_at(4096, 5).await?[..], b"tract");
+        assert_eq!(&d.read_at(0, 2).await?[..], b"sb");
+        // Aligned I/O takes the direct path, from aligned and unaligned buffers.
+        let page: Vec<u8> = (0..8192).map(|i| (i % 253) as u8).collect();
+        d.write_at(vec![(8192, Bytes::from(page.clone())), (16384, Bytes::copy_from_slice(&page[..4096]))])
+            .await?;
+        let odd = Bytes::from([&[7u8][..], &page[..]].concat()).slice(1..);
+        d.write_at(vec![(32768, odd)]).await?;
+        assert_eq!(&d.read_at(8192, 8192).await?[..], &page[..]);
+        assert_eq!(&d.read_at(16384, 4096).await?[..], &page[..4096]);
+        assert_eq!(&d.read_at(32768, 8192).await?[..], &page[..]);
+        assert_eq!(&d.read_at(8190, 4).await?[..], &[0, 0, page[0], page[1]]);
         assert!(d.read_at((1 << 20) - 1, 2).await.is_err());
         drop(d);
         let d = RealDisks.open(&path, None).await?;
-        assert_eq!(d.read_at(4096, 5).await?, b"tract");
+        assert_eq!(&d.read_at(4096, 5).await?[..], b"tract");
+        assert_eq!(&d.read_at(8192, 8192).await?[..], &page[..]);
         assert!(RealDisks.open(&dir.path().join("missing"), None).await.is_err());
         Ok(())
     }

@@ -130,8 +130,8 @@ mod tests {
         fn len(&self) -> u64 {
             0
         }
-        fn read_at(&self, _: u64, len: usize) -> BoxFuture<'static, io::Result<Vec<u8>>> {
-            async move { Ok(vec![0; len]) }.boxed()
+        fn read_at(&self, _: u64, len: usize) -> BoxFuture<'static, io::Result<Bytes>> {
+            async move { Ok(Bytes::from(vec![0; len])) }.boxed()
         }
         fn write_at(&self, _: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>> {
             async { Ok(()) }.boxed()

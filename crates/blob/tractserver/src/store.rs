@@ -113,7 +113,7 @@ pub enum PlantedBug {
 /// Tract writes handed to the disk at once. Buffered writes to one file
 /// serialize on its inode lock anyway; dozens of writers at once only burn
 /// CPU spinning on it. Group commit still batches everything behind them.
-pub const DISK_WRITERS_MAX: usize = 2;
+pub const DISK_WRITERS_MAX: usize = 16;
 
 pub struct Store {
     disk: Arc<dyn Disk>,
@@ -389,15 +389,10 @@ impl Store {
     }
 
     /// Reads chunk `chunk` of a slot, verified; zeros if never written.
-    async fn read_chunk_verified(
-        &self,
-        slot: u32,
-        st: &SlotState,
-        chunk: u32,
-    ) -> Result<Vec<u8>, StoreError> {
+    async fn read_chunk_verified(&self, slot: u32, st: &SlotState, chunk: u32) -> Result<Bytes, StoreError> {
         let e = st.chunks.get(chunk as usize).copied().unwrap_or_default();
         if e.generation != st.entry.generation || e.generation == 0 {
-            return Ok(vec![0u8; CHUNK_SIZE as usize]);
+            return Ok(Bytes::from(vec![0u8; CHUNK_SIZE as usize]));
         }
         let b = self
             .disk
@@ -460,20 +455,38 @@ impl Store {
 
         // Each piece is a whole chunk (stored as is, under the writer's CRC)
         // or part of one (merged with the verified old chunk first).
+        // Consecutive whole chunks are contiguous in `data` and on disk: they
+        // go down as one write (one device I/O for a whole tract).
+        let mut run: Option<(usize, usize)> = None;
         for ((s, e), &crc) in pieces(offset, len).zip(crcs) {
             let abs = offset + s as u32;
             let chunk = abs / CHUNK_SIZE;
             if e - s == CHUNK_SIZE as usize {
-                writes.push((self.layout.data_offset_of(slot, abs), data.slice(s..e)));
+                run = Some(match run {
+                    Some((rs, re)) if re == s => (rs, e),
+                    Some((rs, re)) => {
+                        writes
+                            .push((self.layout.data_offset_of(slot, offset + rs as u32), data.slice(rs..re)));
+                        (s, e)
+                    }
+                    None => (s, e),
+                });
                 new_entries.push(ChunkEntry { crc, generation });
             } else {
-                let mut old = self.read_chunk_verified(slot, &g, chunk).await?;
+                let old = self.read_chunk_verified(slot, &g, chunk).await?;
                 let at = (abs % CHUNK_SIZE) as usize;
-                old[at..at + (e - s)].copy_from_slice(&data[s..e]);
-                let merged_crc = crc32c(&old);
-                writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), Bytes::from(old)));
+                // Merge into a buffer aligned for direct I/O.
+                let mut merged = blizzard_env::aligned_buffer(CHUNK_SIZE as usize);
+                merged.extend_from_slice(&old[..at]);
+                merged.extend_from_slice(&data[s..e]);
+                merged.extend_from_slice(&old[at + (e - s)..]);
+                let merged_crc = crc32c(&merged);
+                writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze()));
                 new_entries.push(ChunkEntry { crc: merged_crc, generation });
             }
+        }
+        if let Some((rs, re)) = run {
+            writes.push((self.layout.data_offset_of(slot, offset + rs as u32), data.slice(rs..re)));
         }
         debug_assert_eq!(new_entries.len(), piece_count(offset, len));
         let mut table = Vec::with_capacity(new_entries.len() * CHUNK_ENTRY_LEN as usize);
@@ -530,7 +543,7 @@ impl Store {
         let span_start = first_chunk * CHUNK_SIZE;
         let span_len = (last_chunk - first_chunk + 1) * CHUNK_SIZE;
 
-        let mut buf: Option<Vec<u8>> = None;
+        let mut buf: Option<Bytes> = None;
         let mut chunk_crcs: Vec<Option<u32>> = vec![None; (last_chunk - first_chunk + 1) as usize];
         if let Some(slot) = slot {
             if let Some(cell) = self.slots.get(slot as usize) {
@@ -550,21 +563,32 @@ impl Store {
                         })
                         .collect();
                     if valid.iter().any(Option::is_some) {
-                        let mut b = self
+                        let raw = self
                             .disk
                             .read_at(self.layout.data_offset_of(slot, span_start), span_len as usize)
                             .await?;
                         for (i, crc) in valid.iter().enumerate() {
                             let range = i * CHUNK_SIZE as usize..(i + 1) * CHUNK_SIZE as usize;
-                            match crc {
-                                Some(c) if crc32c(&b[range.clone()]) != *c => {
+                            if let Some(c) = crc {
+                                if crc32c(&raw[range]) != *c {
                                     self.stats.corrupt_reads.fetch_add(1, Ordering::Relaxed);
                                     return Err(StoreError::Corrupt { slot, chunk: first_chunk + i as u32 });
                                 }
-                                Some(_) => {}
-                                None => b[range].fill(0),
                             }
                         }
+                        // Chunks never written hold whatever the slot's last
+                        // tenant left: they read as zeros.
+                        let b = if valid.iter().all(Option::is_some) {
+                            raw
+                        } else {
+                            let mut m = bytes::BytesMut::from(&raw[..]);
+                            for (i, crc) in valid.iter().enumerate() {
+                                if crc.is_none() {
+                                    m[i * CHUNK_SIZE as usize..(i + 1) * CHUNK_SIZE as usize].fill(0);
+                                }
+                            }
+                            m.freeze()
+                        };
                         chunk_crcs = valid;
                         buf = Some(b);
                     }
@@ -573,7 +597,7 @@ impl Store {
         }
         let rel = (offset - span_start) as usize;
         let data = match buf {
-            Some(b) => Bytes::from(b).slice(rel..rel + len as usize),
+            Some(b) => b.slice(rel..rel + len as usize),
             None => Bytes::from(vec![0u8; len as usize]),
         };
         // A whole chunk goes back under the CRC its writer computed; a part
