@@ -1,6 +1,6 @@
 //! Reading and writing whole frames on a stream.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
 
@@ -64,8 +64,10 @@ async fn read_exact_bytes<R: AsyncRead + Unpin>(r: &mut R, n: usize) -> Result<B
     if n == 0 {
         return Ok(Bytes::new());
     }
-    // Read into spare capacity: no zeroing of up to a whole tract first.
-    let mut buf = BytesMut::with_capacity(n);
+    // Read into spare capacity (no zeroing of up to a whole tract first) of
+    // a buffer aligned for direct I/O, so tract data can go to the disk
+    // without another copy.
+    let mut buf = blizzard_env::aligned_buffer(n);
     while buf.len() < n {
         let want = n - buf.len();
         let mut limited = (&mut *r).take(want as u64);
