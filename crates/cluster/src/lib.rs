@@ -49,8 +49,6 @@ impl ClusterConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
-    #[error("cannot create data directory {path}: {error}")]
-    DataDir { path: String, error: std::io::Error },
     #[error("metadata server: {0}")]
     Meta(#[from] MetaError),
     #[error("tractserver {index}: {error}")]
@@ -74,8 +72,6 @@ impl Cluster {
     /// Starts the metadata server and every tractserver, then waits until
     /// the TLT is built (or rebuilt from the disks) and served.
     pub async fn start(env: Env, cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
-        std::fs::create_dir_all(&cfg.data_dir)
-            .map_err(|error| ClusterError::DataDir { path: cfg.data_dir.display().to_string(), error })?;
         let meta = meta::start(env.clone(), Self::meta_config(&cfg, &cfg.meta_listen)).await?;
         let meta_addr = meta.addr.clone();
         let mut c = Cluster { env, cfg, meta: Some(meta), meta_addr, tractservers: Vec::new() };

@@ -56,7 +56,8 @@ pub trait Listener: Send + Sync {
 /// Opens disks: a raw block device or one large file.
 pub trait Disks: Send + Sync {
     /// Opens `path`; if it does not exist and `create_len` is given, creates
-    /// a file of that many bytes with its space allocated up front.
+    /// a file of that many bytes with its space allocated up front (and its
+    /// directory, if missing).
     fn open(&self, path: &Path, create_len: Option<u64>) -> BoxFuture<'static, io::Result<Arc<dyn Disk>>>;
 }
 

@@ -180,6 +180,9 @@ impl RealDisk {
                     format!("disk {} does not exist; give a size to create it", path.display()),
                 ));
             };
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
             let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
             // Allocate every block now: a disk that runs out of space under a
             // write we already promised to store would be a lie.

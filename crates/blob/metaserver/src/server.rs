@@ -192,7 +192,10 @@ impl MetaServer {
             }
         }
         let domain = if hb.domain.is_empty() { hb.ts_id.to_string() } else { hb.domain.clone() };
-        let reported = hb.assignment.clone();
+        // Heartbeats carry the assignment only when asked (while the TLT is
+        // being built or rebuilt): keep the last one a member reported.
+        let reported =
+            hb.assignment.clone().or_else(|| st.members.get(&hb.ts_id).and_then(|m| m.reported.clone()));
         if reported.is_some() && st.first_report.is_none() {
             st.first_report = Some(now);
         }
@@ -224,7 +227,11 @@ impl MetaServer {
             }
         }
         let ms = self.cfg.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32;
-        Ok(Reply::Heartbeat(HeartbeatReply { action: HeartbeatAction::Continue, interval_ms: ms }))
+        Ok(Reply::Heartbeat(HeartbeatReply {
+            action: HeartbeatAction::Continue,
+            interval_ms: ms,
+            send_assignment: st.phase == Phase::Waiting,
+        }))
     }
 
     /// Advances the phase: rebuild or build the first TLT when possible.

@@ -151,7 +151,9 @@ pub struct Heartbeat {
     /// Measured sequential write speed of the disk (MB/s; 0 if unknown),
     /// for weighting the 1-way TLT (FDS §2.2).
     pub disk_mbps: u32,
-    /// What the tractserver has stored, if it was ever assigned rows.
+    /// What the tractserver has stored, if it was ever assigned rows and
+    /// this is the first heartbeat on a connection or the metadata server
+    /// asked for it.
     pub assignment: Option<Assignment>,
 }
 wire_struct!(Heartbeat {
@@ -193,8 +195,11 @@ impl Wire for HeartbeatAction {
 pub struct HeartbeatReply {
     pub action: HeartbeatAction,
     pub interval_ms: u32,
+    /// Include the stored assignment in the next heartbeat: the metadata
+    /// server is (re)building the TLT. Otherwise heartbeats stay small.
+    pub send_assignment: bool,
 }
-wire_struct!(HeartbeatReply { action: HeartbeatAction, interval_ms: u32 });
+wire_struct!(HeartbeatReply { action: HeartbeatAction, interval_ms: u32, send_assignment: bool });
 
 /// The cluster's creation parameters, asked for by a tractserver before it
 /// formats a new disk.

@@ -182,9 +182,14 @@ async fn heartbeat_loop(
     let mut conn: Option<RpcConn> = None;
     let mut interval = cfg.heartbeat_interval;
     let mut failing = false;
+    // The assignment rides on the first heartbeat of every connection (a
+    // new metadata server needs it to rebuild the TLT) and whenever the
+    // metadata server asks; otherwise heartbeats stay a few dozen bytes.
+    let mut send_assignment = true;
     loop {
         if conn.as_ref().is_none_or(|c| c.is_closed()) {
             conn = RpcConn::connect(&env, &cfg.meta).await.ok();
+            send_assignment = true;
         }
         if let Some(c) = &conn {
             let (slots_total, slots_used) = service.store.usage();
@@ -198,7 +203,7 @@ async fn heartbeat_loop(
                 slots_used,
                 load: service.inflight.load(Ordering::Relaxed),
                 disk_mbps: service.store.disk_mbps(),
-                assignment: (rows.assignment.cluster_id != 0).then_some(rows.assignment),
+                assignment: (send_assignment && rows.assignment.cluster_id != 0).then_some(rows.assignment),
             };
             match c.call_timeout(&env, cfg.request_timeout, &Request::Heartbeat(hb), Bytes::new()).await {
                 Ok((Reply::Heartbeat(r), _)) => {
@@ -207,6 +212,7 @@ async fn heartbeat_loop(
                         failing = false;
                     }
                     interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
+                    send_assignment = r.send_assignment;
                     let fence = r.action == HeartbeatAction::StopServing;
                     if fence && !service.fenced.swap(true, Ordering::AcqRel) {
                         tracing::error!("the metadata server removed this tractserver from the cluster; refusing requests");
