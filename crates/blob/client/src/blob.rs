@@ -247,6 +247,61 @@ impl Blob {
         Err(ClientError::Unavailable { attempts, last })
     }
 
+    /// Reads the range from every replica of its row, each verified end to
+    /// end: for recovery code that must know whether replicas agree (a
+    /// write that reached only some of them). One entry per replica, in row
+    /// order.
+    pub async fn read_replicas(&self, tract: u64, offset: u32, len: u32) -> Result<Vec<Bytes>, ClientError> {
+        self.check(offset, len as usize)?;
+        self.check_size(tract).await?;
+        let r = self.replication() as usize;
+        let _permit = self.client.permit().await?;
+        let c = &self.client;
+        let attempts = c.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = c.tlt();
+            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
+            let req = Request::ReadTract { addr: self.addr(tract, row.version), offset, len };
+            let calls = row.members.iter().take(r).map(|&m| {
+                let addr = tlt.members[m as usize].addr.clone();
+                let req = &req;
+                async move { (addr.clone(), c.inner.pool.call(&addr, req, Bytes::new()).await) }
+            });
+            let mut out = Vec::with_capacity(r);
+            let mut retry = false;
+            for (addr, res) in futures::future::join_all(calls).await {
+                match res {
+                    Ok((Reply::Read { crcs }, data))
+                        if data.len() == len as usize && first_bad_piece(offset, &data, &crcs).is_none() =>
+                    {
+                        out.push(data)
+                    }
+                    Ok(_) => {
+                        return Err(ClientError::NoIntactReplica {
+                            blob: self.id(),
+                            tract,
+                            last: format!("replica {addr} returned data that fails its CRC"),
+                        })
+                    }
+                    Err(e) => {
+                        last = e.to_string();
+                        match classify(&e) {
+                            Next::Fail(err) => return Err(err),
+                            _ => retry = true,
+                        }
+                    }
+                }
+            }
+            if !retry {
+                return Ok(out);
+            }
+            let _ = c.refresh_tlt(tlt.version).await;
+            c.backoff(attempt).await;
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+
     /// Writes a whole tract.
     pub async fn write_tract(&self, tract: u64, data: Bytes) -> Result<(), ClientError> {
         if data.len() != self.client.tract_size() as usize {
@@ -264,8 +319,27 @@ impl Blob {
         self.read(tract, 0, self.client.tract_size()).await
     }
 
+    /// Unmaps `[offset, offset + len)` of a tract on every replica: it reads
+    /// as zeros afterwards and its space is reusable. Durable on return.
+    pub async fn trim(&self, tract: u64, offset: u32, len: u32) -> Result<(), ClientError> {
+        self.check(offset, len as usize)?;
+        self.check_size(tract).await?;
+        let _permit = self.client.permit().await?;
+        self.on_all_replicas(tract, |addr| Request::TrimTract { addr, offset, len }).await
+    }
+
     /// Frees a tract on every replica (used when deleting the blob).
     pub(crate) async fn delete_tract(&self, tract: u64) -> Result<(), ClientError> {
+        self.on_all_replicas(tract, |addr| Request::DeleteTract { addr }).await
+    }
+
+    /// Sends a data-less request to every replica of a tract's row,
+    /// retrying through TLT changes.
+    async fn on_all_replicas(
+        &self,
+        tract: u64,
+        make: impl Fn(TractAddr) -> Request,
+    ) -> Result<(), ClientError> {
         let c = &self.client;
         let r = self.replication() as usize;
         let attempts = c.inner.cfg.attempts.max(1);
@@ -273,7 +347,7 @@ impl Blob {
         for attempt in 0..attempts {
             let tlt = c.tlt();
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
-            let req = Request::DeleteTract { addr: self.addr(tract, row.version) };
+            let req = make(self.addr(tract, row.version));
             let calls = row.members.iter().take(r).map(|&m| {
                 let addr = tlt.members[m as usize].addr.clone();
                 let req = &req;

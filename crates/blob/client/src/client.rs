@@ -356,6 +356,38 @@ impl Client {
         Ok(())
     }
 
+    /// Every blob in the cluster: each tractserver lists the blobs whose
+    /// metadata row it is primary of, and the answers are merged.
+    pub async fn list_blobs(&self) -> Result<Vec<BlobMeta>, ClientError> {
+        let attempts = self.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = self.tlt();
+            let calls = tlt.members.iter().map(|m| {
+                let addr = m.addr.clone();
+                async move { self.inner.pool.call(&addr, &Request::ListBlobs, Bytes::new()).await }
+            });
+            let mut all = std::collections::BTreeMap::new();
+            let mut failed = false;
+            for r in futures::future::join_all(calls).await {
+                match r {
+                    Ok((Reply::Blobs(v), _)) => all.extend(v.into_iter().map(|m| (m.blob, m))),
+                    Ok(_) => failed = true,
+                    Err(e) => {
+                        last = e.to_string();
+                        failed = true;
+                    }
+                }
+            }
+            if !failed {
+                return Ok(all.into_values().collect());
+            }
+            let _ = self.refresh_tlt(tlt.version).await;
+            self.backoff(attempt).await;
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+
     /// The metadata server's view of the cluster.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         let meta = &self.inner.cfg.meta;

@@ -17,11 +17,13 @@ pub enum Opcode {
     WriteTract = 0x0101,
     ReadTract = 0x0102,
     DeleteTract = 0x0103,
+    TrimTract = 0x0104,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
     DeleteBlob = 0x0203,
     GetBlob = 0x0204,
+    ListBlobs = 0x0205,
     // Two-phase commit of blob metadata, primary to the other replicas.
     MetaPrepare = 0x0211,
     MetaCommit = 0x0212,
@@ -36,15 +38,17 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 16] = [
+    pub const ALL: [Opcode; 18] = [
         Opcode::Ping,
         Opcode::WriteTract,
         Opcode::ReadTract,
         Opcode::DeleteTract,
+        Opcode::TrimTract,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
         Opcode::GetBlob,
+        Opcode::ListBlobs,
         Opcode::MetaPrepare,
         Opcode::MetaCommit,
         Opcode::MetaAbort,
@@ -290,6 +294,13 @@ pub enum Request {
     DeleteTract {
         addr: TractAddr,
     },
+    /// Unmap `[offset, offset + len)`: it reads as zeros afterwards and its
+    /// space is reusable (a tract left with nothing mapped is freed).
+    TrimTract {
+        addr: TractAddr,
+        offset: u32,
+        len: u32,
+    },
     CreateBlob {
         blob: BlobId,
         row_version: u64,
@@ -310,6 +321,8 @@ pub enum Request {
         blob: BlobId,
         row_version: u64,
     },
+    /// The metadata of every blob whose metadata row this server is primary of.
+    ListBlobs,
     /// Phase one: lock `blob`'s metadata at `txn` and stage `new` (`None`
     /// deletes). `expected_version` is the primary's current version.
     MetaPrepare {
@@ -348,10 +361,12 @@ impl Request {
             Request::WriteTract { .. } => Opcode::WriteTract,
             Request::ReadTract { .. } => Opcode::ReadTract,
             Request::DeleteTract { .. } => Opcode::DeleteTract,
+            Request::TrimTract { .. } => Opcode::TrimTract,
             Request::CreateBlob { .. } => Opcode::CreateBlob,
             Request::ExtendBlob { .. } => Opcode::ExtendBlob,
             Request::DeleteBlob { .. } => Opcode::DeleteBlob,
             Request::GetBlob { .. } => Opcode::GetBlob,
+            Request::ListBlobs => Opcode::ListBlobs,
             Request::MetaPrepare { .. } => Opcode::MetaPrepare,
             Request::MetaCommit { .. } => Opcode::MetaCommit,
             Request::MetaAbort { .. } => Opcode::MetaAbort,
@@ -366,7 +381,7 @@ impl Request {
     pub fn encode(&self) -> bytes::Bytes {
         let mut w = Writer::new();
         match self {
-            Request::Ping | Request::ClusterStatus | Request::ClusterParams => {}
+            Request::Ping | Request::ClusterStatus | Request::ClusterParams | Request::ListBlobs => {}
             Request::WriteTract { addr, offset, crcs } => {
                 addr.put(&mut w);
                 offset.put(&mut w);
@@ -378,6 +393,11 @@ impl Request {
                 len.put(&mut w);
             }
             Request::DeleteTract { addr } => addr.put(&mut w),
+            Request::TrimTract { addr, offset, len } => {
+                addr.put(&mut w);
+                offset.put(&mut w);
+                len.put(&mut w);
+            }
             Request::CreateBlob { blob, row_version, incarnation, replication } => {
                 blob.put(&mut w);
                 row_version.put(&mut w);
@@ -421,6 +441,7 @@ impl Request {
             Opcode::Ping => Request::Ping,
             Opcode::ClusterStatus => Request::ClusterStatus,
             Opcode::ClusterParams => Request::ClusterParams,
+            Opcode::ListBlobs => Request::ListBlobs,
             Opcode::WriteTract => {
                 Request::WriteTract { addr: Wire::get(r)?, offset: Wire::get(r)?, crcs: Wire::get(r)? }
             }
@@ -428,6 +449,9 @@ impl Request {
                 Request::ReadTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
             }
             Opcode::DeleteTract => Request::DeleteTract { addr: Wire::get(r)? },
+            Opcode::TrimTract => {
+                Request::TrimTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
+            }
             Opcode::CreateBlob => Request::CreateBlob {
                 blob: Wire::get(r)?,
                 row_version: Wire::get(r)?,
@@ -582,6 +606,7 @@ pub enum Reply {
         crcs: Vec<u32>,
     },
     Blob(BlobMeta),
+    Blobs(Vec<BlobMeta>),
     Heartbeat(HeartbeatReply),
     /// `None` when the caller's TLT is current.
     Tlt(Option<Tlt>),
@@ -606,6 +631,7 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::Done => {}
                 Reply::Read { crcs } => crcs.put(&mut w),
                 Reply::Blob(m) => m.put(&mut w),
+                Reply::Blobs(v) => v.put(&mut w),
                 Reply::Heartbeat(h) => h.put(&mut w),
                 Reply::Tlt(t) => t.put(&mut w),
                 Reply::ClusterStatus(s) => s.put(&mut w),
@@ -627,11 +653,13 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::Ping
             | Opcode::WriteTract
             | Opcode::DeleteTract
+            | Opcode::TrimTract
             | Opcode::MetaPrepare
             | Opcode::MetaCommit
             | Opcode::MetaAbort
             | Opcode::AssignRows => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
+            Opcode::ListBlobs => Reply::Blobs(Wire::get(r)?),
             Opcode::CreateBlob | Opcode::ExtendBlob | Opcode::DeleteBlob | Opcode::GetBlob => {
                 Reply::Blob(Wire::get(r)?)
             }
@@ -686,6 +714,8 @@ mod tests {
             Request::WriteTract { addr: addr(), offset: 1, crcs: vec![1, 2] },
             Request::ReadTract { addr: addr(), offset: 7, len: 100 },
             Request::DeleteTract { addr: addr() },
+            Request::TrimTract { addr: addr(), offset: 4096, len: 8192 },
+            Request::ListBlobs,
             Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
             Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
             Request::DeleteBlob { blob: BlobId(1), row_version: 2 },

@@ -51,6 +51,17 @@ impl RowIndex {
         RowIndex { assignment, rows }
     }
 
+    /// The version at which this server holds the row of `tract` −1 of
+    /// `blob` (0 if it does not hold it).
+    fn version_of(&self, blob: BlobId) -> u64 {
+        let len = self.assignment.tlt_len as usize;
+        if len == 0 {
+            return 0;
+        }
+        let row = locator(blob, TractNo::META, len) as u32;
+        self.rows.get(&row).map(|(v, _, _)| *v).unwrap_or(0)
+    }
+
     /// Checks that `tract` of `blob` maps to a row this server holds at
     /// `version`; returns its column and the row's members.
     fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(usize, &[TsId]), ErrorReply> {
@@ -251,6 +262,27 @@ impl TractService {
                 }
                 let r = self.store.delete(addr.blob, addr.incarnation, addr.tract).await;
                 (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+            }
+            Request::TrimTract { addr, offset, len } => {
+                if let Err(e) = self.data_check(&addr) {
+                    return (Err(e), Bytes::new());
+                }
+                let r = self.store.trim(addr.blob, addr.incarnation, addr.tract, offset, len).await;
+                (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+            }
+            Request::ListBlobs => {
+                // Only blobs whose metadata row this server leads: a union
+                // over all tractservers then lists each blob once.
+                let rows = self.row_index();
+                let mut v: Vec<BlobMeta> = lock(&self.metas)
+                    .values()
+                    .filter(|m| {
+                        rows.check(m.blob, TractNo::META, rows.version_of(m.blob)).is_ok_and(|(c, _)| c == 0)
+                    })
+                    .copied()
+                    .collect();
+                v.sort_by_key(|m| m.blob);
+                (Ok(Reply::Blobs(v)), Bytes::new())
             }
             Request::GetBlob { blob, row_version } => {
                 let r = self.check(blob, TractNo::META, row_version).and_then(|(col, _)| {

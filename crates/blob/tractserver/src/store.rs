@@ -615,6 +615,89 @@ impl Store {
         Ok((data, crcs))
     }
 
+    /// Unmaps `[offset, offset + len)` of a tract: whole chunks are marked
+    /// unwritten (they read as zeros), partial chunks are zeroed in place,
+    /// and a tract left with nothing written gives its slot back. Durable
+    /// on return.
+    pub async fn trim(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        offset: u32,
+        len: u32,
+    ) -> Result<(), StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        self.check_range(offset, len)?;
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else {
+            return Ok(());
+        };
+        let Some(cell) = self.slots.get(slot as usize) else {
+            return Ok(());
+        };
+        let mut g = cell.write().await;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+        {
+            return Ok(());
+        }
+        let generation = g.entry.generation;
+        let first_chunk = offset / CHUNK_SIZE;
+        let mut writes: Vec<(u64, Bytes)> = Vec::new();
+        let mut new_entries = Vec::new();
+        for (s, e) in pieces(offset, len) {
+            let abs = offset + s as u32;
+            let chunk = abs / CHUNK_SIZE;
+            let written =
+                g.chunks.get(chunk as usize).is_some_and(|c| c.generation == generation && generation != 0);
+            if e - s == CHUNK_SIZE as usize || !written {
+                // Unwritten: reads as zeros, whatever the bytes on disk say.
+                new_entries.push(ChunkEntry::default());
+            } else {
+                let old = self.read_chunk_verified(slot, &g, chunk).await?;
+                let at = (abs % CHUNK_SIZE) as usize;
+                let mut merged = blizzard_env::aligned_buffer(CHUNK_SIZE as usize);
+                merged.extend_from_slice(&old[..at]);
+                merged.resize(at + (e - s), 0);
+                merged.extend_from_slice(&old[at + (e - s)..]);
+                new_entries.push(ChunkEntry { crc: crc32c(&merged), generation });
+                writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze()));
+            }
+        }
+        let mut table = Vec::with_capacity(new_entries.len() * CHUNK_ENTRY_LEN as usize);
+        for e in &new_entries {
+            e.encode_into(&mut table);
+        }
+        writes.push((self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
+        for (i, e) in new_entries.into_iter().enumerate() {
+            if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
+                *c = e;
+            }
+        }
+        let empty = g.chunks.iter().all(|c| c.generation != generation || generation == 0);
+        if empty {
+            g.entry.used = false;
+            g.chunks = Vec::new();
+            writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode())));
+        }
+        {
+            let _slot = self.writers.acquire().await;
+            self.disk.write_at(writes).await?;
+        }
+        if empty {
+            let mut ix = self.index();
+            ix.map.remove(&(blob, tract));
+            ix.free.push(slot);
+        }
+        drop(g);
+        self.commit.sync().await.map_err(|_| StoreError::Failed)?;
+        Ok(())
+    }
+
     /// Frees a tract's slot if it holds `incarnation`. Returns whether
     /// something was freed; durable on return.
     pub async fn delete(
@@ -860,6 +943,31 @@ mod tests {
         assert_eq!(&get(&s, 2, 1, 0, 0, 8192).await?[..], &[0u8; 8192][..]);
         assert_eq!(get(&s, 2, 1, 0, 8192, 100).await?, pattern(5, 100));
         assert_eq!(get(&s, 1, 1, 1, 0, 8192).await?, pattern(1, 8192));
+        Ok(())
+    }
+
+    /// Trimmed ranges read as zeros (whole chunks and partial ones), the
+    /// rest of the tract is untouched, and a fully trimmed tract gives its
+    /// slot back; all of it survives a reopen.
+    #[tokio::test]
+    async fn trim_unmaps_and_frees() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        let d = pattern(3, TRACT as usize);
+        put(&s, 1, 1, 0, 0, &d).await?;
+        s.trim(BlobId(1), 1, TractNo(0), 1000, 10000).await?;
+        let mut model = d.to_vec();
+        model[1000..11000].fill(0);
+        assert_eq!(&get(&s, 1, 1, 0, 0, TRACT).await?[..], &model[..]);
+        assert_eq!(s.usage().1, 1);
+        drop(s);
+        let s = reopen(&dir).await?;
+        assert_eq!(&get(&s, 1, 1, 0, 0, TRACT).await?[..], &model[..]);
+        s.trim(BlobId(1), 1, TractNo(0), 0, TRACT).await?;
+        assert_eq!(s.usage().1, 0);
+        assert!(get(&s, 1, 1, 0, 0, TRACT).await?.iter().all(|&b| b == 0));
+        // Trimming what was never written is a no-op, not an error.
+        s.trim(BlobId(9), 1, TractNo(4), 0, 100).await?;
         Ok(())
     }
 

@@ -1,0 +1,246 @@
+//! The prefix-consistency checker, apart from any workload: given the log
+//! of operations a client issued (in program order, with their flush
+//! epochs and whether each was acknowledged) and the recovered volume, it
+//! decides in one pass whether the volume is a state the commit mode
+//! allows:
+//!
+//! - **prefix** (all modes): there is an epoch R such that every write of
+//!   an epoch before R is present, some writes of R may be, and none after
+//!   R is. Sector by sector: the sector's content comes from position p of
+//!   its own history; then R ≥ epoch(p), and every later write to the
+//!   sector (missing) has epoch ≥ R.
+//! - **write-through**: every acknowledged write is present.
+//! - **durable flush**: every write before the last acknowledged durable
+//!   flush is present.
+//!
+//! A zero sector may be the initial state or any trim in its history; it
+//! allows each of those positions.
+
+use std::collections::HashMap;
+
+use crate::tag::{parse, Sector, SECTOR};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Write,
+    Trim,
+    Flush,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoggedOp {
+    pub id: u64,
+    pub kind: OpKind,
+    pub offset: u64,
+    pub len: u64,
+    /// Flushes issued before this op (program order).
+    pub epoch: u64,
+    /// The client saw this op complete before the crash.
+    pub acked: bool,
+}
+
+/// What the checker must enforce beyond prefix consistency.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contract {
+    /// Acknowledged writes are durable (write-through).
+    pub acked_writes_durable: bool,
+    /// Acknowledged flushes make earlier writes durable (durable policy).
+    pub acked_flushes_durable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    #[error("sector at {at} is damaged or misplaced")]
+    Garbage { at: u64 },
+    #[error("sector at {at} holds write {id}, which never wrote there")]
+    Stranger { at: u64, id: u64 },
+    #[error("not prefix-consistent: sector at {at} needs epoch R in [{lo}, {hi}] but the rest of the volume needs R in [{glo}, {ghi}]")]
+    NotPrefix { at: u64, lo: u64, hi: u64, glo: u64, ghi: u64 },
+    #[error("acknowledged write {id} is missing at sector {at} (it holds {found})")]
+    LostAcknowledged { at: u64, id: u64, found: String },
+    #[error("the volume could not be recovered: {0}")]
+    Unrecoverable(String),
+    #[error("the trial could not run: {0}")]
+    TrialFailed(String),
+    #[error("an acknowledged durable flush closed epoch {epoch}, so every write up to it must survive, but a write of epoch {missing} is missing")]
+    LostFlushed { epoch: u64, missing: u64 },
+}
+
+/// Checks a recovered volume image against the op log.
+pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), Violation> {
+    let sectors = image.len() / SECTOR;
+    // History per sector: indexes into `ops` of writes and trims, in order.
+    let mut history: Vec<Vec<u32>> = vec![Vec::new(); sectors];
+    for (i, op) in ops.iter().enumerate() {
+        if op.kind == OpKind::Flush {
+            continue;
+        }
+        let first = (op.offset / SECTOR as u64) as usize;
+        let last = ((op.offset + op.len).div_ceil(SECTOR as u64) as usize).min(sectors);
+        for h in history.iter_mut().take(last).skip(first) {
+            h.push(i as u32);
+        }
+    }
+    let by_id: HashMap<u64, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
+    const INF: u64 = u64::MAX;
+    let (mut glo, mut ghi) = (0u64, INF);
+    // Zero sectors with several possible origins are checked after the
+    // single-origin sectors have narrowed R.
+    let mut ambiguous: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+    for (s, hist) in history.iter().enumerate() {
+        let at = (s * SECTOR) as u64;
+        let content = parse(&image[s * SECTOR..(s + 1) * SECTOR], at);
+        // Positions p in the history (None = initial state) the content can be.
+        let positions: Vec<Option<usize>> = match content {
+            Sector::Garbage => return Err(Violation::Garbage { at }),
+            Sector::Written { id, .. } => {
+                match by_id.get(&id).and_then(|i| hist.iter().position(|h| *h as usize == *i)) {
+                    Some(p) => vec![Some(p)],
+                    None => return Err(Violation::Stranger { at, id }),
+                }
+            }
+            Sector::Zero => std::iter::once(None)
+                .chain(
+                    hist.iter()
+                        .enumerate()
+                        .filter(|(_, h)| ops[**h as usize].kind == OpKind::Trim)
+                        .map(|(p, _)| Some(p)),
+                )
+                .collect(),
+        };
+        // The latest acknowledged op must be at or before the content's position.
+        let must = if contract.acked_writes_durable {
+            hist.iter().rposition(|h| ops[*h as usize].acked)
+        } else {
+            None
+        };
+        let intervals: Vec<(u64, u64)> = positions
+            .iter()
+            .filter(|p| must.is_none_or(|m| p.is_some_and(|p| p >= m)))
+            .map(|p| {
+                let lo = p.map(|p| ops[hist[p] as usize].epoch).unwrap_or(0);
+                let next = p.map(|p| p + 1).unwrap_or(0);
+                let hi = hist.get(next).map(|h| ops[*h as usize].epoch).unwrap_or(INF);
+                (lo, hi)
+            })
+            .collect();
+        if intervals.is_empty() {
+            let m = must.map(|m| ops[hist[m] as usize].id).unwrap_or(0);
+            let found = match content {
+                Sector::Written { id, .. } => format!("write {id}"),
+                _ => "zeros".into(),
+            };
+            return Err(Violation::LostAcknowledged { at, id: m, found });
+        }
+        if let [(lo, hi)] = intervals[..] {
+            if lo > ghi || hi < glo || lo > hi {
+                return Err(Violation::NotPrefix { at, lo, hi, glo, ghi });
+            }
+            glo = glo.max(lo);
+            ghi = ghi.min(hi);
+        } else {
+            ambiguous.push((at, intervals));
+        }
+    }
+    if contract.acked_flushes_durable {
+        // Epochs before the last acknowledged flush must be complete: R
+        // must reach past that flush.
+        let flushed = ops.iter().filter(|o| o.kind == OpKind::Flush && o.acked).map(|o| o.epoch + 1).max();
+        if let Some(f) = flushed {
+            if f > ghi {
+                return Err(Violation::LostFlushed { epoch: f - 1, missing: ghi });
+            }
+            glo = glo.max(f);
+        }
+    }
+    // Find an R in [glo, ghi] that every ambiguous (zero) sector allows.
+    let mut candidates: Vec<u64> = vec![glo];
+    for (_, ivs) in &ambiguous {
+        candidates.extend(ivs.iter().map(|(lo, _)| *lo).filter(|lo| *lo >= glo && *lo <= ghi));
+    }
+    candidates.sort_unstable();
+    candidates.dedup();
+    let found = candidates
+        .into_iter()
+        .any(|c| ambiguous.iter().all(|(_, ivs)| ivs.iter().any(|(lo, hi)| *lo <= c && c <= *hi)));
+    if !found {
+        let (at, ivs) = &ambiguous[0];
+        let (lo, hi) = ivs[0];
+        return Err(Violation::NotPrefix { at: *at, lo, hi, glo, ghi });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tag::fill;
+
+    fn op(id: u64, kind: OpKind, offset: u64, len: u64, epoch: u64, acked: bool) -> LoggedOp {
+        LoggedOp { id, kind, offset, len, epoch, acked }
+    }
+
+    fn image_with(writes: &[(u64, u64, u64, u64)], size: usize) -> Vec<u8> {
+        let mut img = vec![0u8; size];
+        for &(id, off, len, epoch) in writes {
+            fill(&mut img[off as usize..(off + len) as usize], off, id, epoch);
+        }
+        img
+    }
+
+    const FAST: Contract = Contract { acked_writes_durable: false, acked_flushes_durable: false };
+
+    /// Prefixes pass; a later epoch present while an earlier one is
+    /// missing fails; acknowledged writes and flushes are enforced.
+    #[test]
+    fn catches_what_it_must() {
+        let ops = vec![
+            op(1, OpKind::Write, 0, 1024, 0, true),
+            op(2, OpKind::Flush, 0, 0, 0, true),
+            op(3, OpKind::Write, 1024, 512, 1, true),
+            op(4, OpKind::Flush, 0, 0, 1, false),
+            op(5, OpKind::Write, 0, 512, 2, true),
+        ];
+        // All present, nothing present, epochs 0..1 only: prefixes.
+        let all = image_with(&[(1, 0, 1024, 0), (3, 1024, 512, 1), (5, 0, 512, 2)], 4096);
+        assert_eq!(check(&ops, &all, FAST), Ok(()));
+        assert_eq!(check(&ops, &[0u8; 4096], FAST), Ok(()));
+        let first_two = image_with(&[(1, 0, 1024, 0), (3, 1024, 512, 1)], 4096);
+        assert_eq!(check(&ops, &first_two, FAST), Ok(()));
+        // Epoch 2 present without epoch 1: not a prefix.
+        let hole = image_with(&[(1, 0, 1024, 0), (5, 0, 512, 2)], 4096);
+        assert!(matches!(check(&ops, &hole, FAST), Err(Violation::NotPrefix { .. })));
+        // The acknowledged flush of epoch 0 makes write 1 durable.
+        let durable = Contract { acked_writes_durable: false, acked_flushes_durable: true };
+        assert!(matches!(check(&ops, &[0u8; 4096], durable), Err(Violation::LostFlushed { .. })));
+        assert_eq!(check(&ops, &image_with(&[(1, 0, 1024, 0)], 4096), durable), Ok(()));
+        // Write-through: every acknowledged write present.
+        let wt = Contract { acked_writes_durable: true, acked_flushes_durable: true };
+        assert!(matches!(check(&ops, &first_two, wt), Err(Violation::LostAcknowledged { .. })));
+        assert_eq!(check(&ops, &all, wt), Ok(()));
+        // Damage and strangers.
+        let mut bad = all.clone();
+        bad[700] ^= 1;
+        assert!(matches!(check(&ops, &bad, FAST), Err(Violation::Garbage { .. })));
+        let stranger = image_with(&[(3, 0, 512, 1)], 4096);
+        assert!(matches!(check(&ops, &stranger, FAST), Err(Violation::Stranger { .. })));
+    }
+
+    /// A zero sector may be a trim: write, trim, write again.
+    #[test]
+    fn trims_explain_zeros() {
+        let ops = vec![
+            op(1, OpKind::Write, 0, 512, 0, true),
+            op(2, OpKind::Flush, 0, 0, 0, true),
+            op(3, OpKind::Trim, 0, 512, 1, true),
+            op(4, OpKind::Flush, 0, 0, 1, true),
+            op(5, OpKind::Write, 512, 512, 2, true),
+        ];
+        let durable = Contract { acked_writes_durable: false, acked_flushes_durable: true };
+        let img = image_with(&[(5, 512, 512, 2)], 1024);
+        assert_eq!(check(&ops, &img, durable), Ok(()));
+        // Zeros at sector 0 with write 5 present can only be the trim.
+        let img = image_with(&[(1, 0, 512, 0), (5, 512, 512, 2)], 1024);
+        assert!(check(&ops, &img, durable).is_err());
+    }
+}

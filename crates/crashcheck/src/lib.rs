@@ -1,0 +1,17 @@
+//! The crash-consistency checker for volumes (`blizzard crashcheck`).
+//!
+//! - `mem`: a deterministic in-memory blob whose fault model is written at
+//!   its top: in-flight writes land or not, replica by replica.
+//! - `tag`: sectors that say which write they came from.
+//! - `checker`: the prefix-consistency and durability checks, apart from
+//!   any workload.
+//! - `run`: seeded trials (random crash points, or every outcome of one
+//!   crash point) tying the three together.
+
+pub mod checker;
+pub mod mem;
+pub mod run;
+pub mod tag;
+
+pub use checker::{check, Contract, LoggedOp, OpKind, Violation};
+pub use run::{exhaustive, trial, CheckConfig, Trial};

@@ -1,0 +1,326 @@
+//! Crash trials. One trial, from one seed: format a volume on a fresh
+//! in-memory blob, drive a random tagged workload with several operations
+//! in flight, stop at a random moment (the client process dies: every task
+//! is dropped, writes not yet issued vanish), let each in-flight blob write
+//! land or not on each replica, reopen the volume (its recovery runs), read
+//! it back in one pass and check it against the op log.
+//!
+//! Everything runs on a paused-clock tokio runtime with seeded latencies,
+//! so a seed replays a trial exactly.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use blizzard_env::{Env, RealClock, RealDisks, RealNet};
+use blizzard_volume::io::BlobIo;
+use blizzard_volume::{CommitMode, ExposureLimits, FlushPolicy, PlantedBug, Volume, VolumeSpec};
+
+use crate::checker::{check, Contract, LoggedOp, OpKind, Violation};
+use crate::mem::MemBlob;
+use crate::tag::{fill, SECTOR};
+
+#[derive(Clone, Debug)]
+pub struct CheckConfig {
+    pub mode: CommitMode,
+    pub flush: FlushPolicy,
+    pub replication: u8,
+    pub volume_size: u64,
+    pub tract_size: u32,
+    pub block_size: u32,
+    pub segment_tracts: u32,
+    /// Most client operations before the crash.
+    pub ops_max: usize,
+    pub planted: PlantedBug,
+}
+
+impl CheckConfig {
+    pub fn new(mode: CommitMode, flush: FlushPolicy) -> Self {
+        CheckConfig {
+            mode,
+            flush,
+            replication: 2,
+            volume_size: 4 << 20,
+            tract_size: 16 << 10,
+            block_size: 4096,
+            segment_tracts: 4,
+            ops_max: 160,
+            planted: PlantedBug::None,
+        }
+    }
+
+    fn contract(&self) -> Contract {
+        Contract {
+            acked_writes_durable: self.mode == CommitMode::WriteThrough,
+            acked_flushes_durable: self.mode == CommitMode::WriteThrough
+                || self.flush == FlushPolicy::Durable,
+        }
+    }
+}
+
+/// The outcome of one trial.
+#[derive(Debug)]
+pub struct Trial {
+    pub seed: u64,
+    pub ops: usize,
+    pub acked: usize,
+    pub in_flight_at_crash: usize,
+    pub violation: Option<Violation>,
+}
+
+/// Seeded randomness for the volume under test.
+struct SeededRng(Mutex<SmallRng>);
+
+impl blizzard_env::Rng for SeededRng {
+    fn next_u64(&self) -> u64 {
+        match self.0.lock() {
+            Ok(mut r) => r.random(),
+            Err(p) => p.into_inner().random(),
+        }
+    }
+}
+
+/// An env whose clock is tokio's (paused in trials, hence virtual) and
+/// whose randomness is seeded. No network or disks are used.
+fn trial_env(seed: u64) -> Env {
+    Env {
+        clock: Arc::new(RealClock),
+        rng: Arc::new(SeededRng(Mutex::new(SmallRng::seed_from_u64(seed)))),
+        net: Arc::new(RealNet),
+        disks: Arc::new(RealDisks),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build() {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot build a tokio runtime for a crash trial: {e}"),
+    }
+}
+
+/// A planned client operation.
+#[derive(Clone, Debug)]
+struct Planned {
+    op: LoggedOp,
+}
+
+fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
+    let n = rng.random_range(1..=cfg.ops_max);
+    let flush_every = rng.random_range(1..=64usize);
+    let sectors = cfg.volume_size / SECTOR as u64;
+    // A hot region makes overwrites common.
+    let hot = rng.random_range(8..=sectors.min(2048));
+    let mut epoch = 0;
+    let mut out = Vec::with_capacity(n);
+    let mut since_flush = 0;
+    for i in 0..n {
+        let id = i as u64 + 1;
+        if since_flush >= flush_every {
+            out.push(Planned {
+                op: LoggedOp { id, kind: OpKind::Flush, offset: 0, len: 0, epoch, acked: false },
+            });
+            epoch += 1;
+            since_flush = 0;
+            continue;
+        }
+        since_flush += 1;
+        // 4 KiB .. 1 MiB, in sectors; aligned to 4 KiB half the time.
+        let len_sectors = match rng.random_range(0..10) {
+            0 => rng.random_range(256..=2048u64),
+            1..=3 => rng.random_range(16..=128),
+            _ => rng.random_range(8..=16),
+        }
+        .min(sectors);
+        let region = if rng.random_bool(0.6) { hot } else { sectors };
+        let mut start = rng.random_range(0..=region.saturating_sub(len_sectors));
+        if rng.random_bool(0.5) {
+            start -= start % 8;
+        }
+        let kind = if rng.random_ratio(1, 12) { OpKind::Trim } else { OpKind::Write };
+        out.push(Planned {
+            op: LoggedOp {
+                id,
+                kind,
+                offset: start * SECTOR as u64,
+                len: len_sectors * SECTOR as u64,
+                epoch,
+                acked: false,
+            },
+        });
+    }
+    out
+}
+
+/// Runs the workload until the crash point. Returns the op log with
+/// acknowledgments.
+async fn drive(
+    vol: Arc<Volume>,
+    planned: Vec<Planned>,
+    depth: usize,
+    tail: Duration,
+    env: Env,
+) -> Vec<LoggedOp> {
+    let log: Arc<Mutex<Vec<LoggedOp>>> = Arc::new(Mutex::new(planned.iter().map(|p| p.op.clone()).collect()));
+    let mark = |log: &Arc<Mutex<Vec<LoggedOp>>>, i: usize| {
+        if let Ok(mut l) = log.lock() {
+            l[i].acked = true;
+        }
+    };
+    let mut inflight = FuturesUnordered::new();
+    let mut ranges: Vec<(usize, u64, u64)> = Vec::new();
+    for (i, p) in planned.iter().enumerate() {
+        let op = p.op.clone();
+        // Clients do not issue a flush before earlier writes complete, nor
+        // overlapping writes at once (NBD leaves those undefined).
+        loop {
+            let blocked = match op.kind {
+                OpKind::Flush => !ranges.is_empty(),
+                _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
+            } || ranges.len() >= depth;
+            if !blocked {
+                break;
+            }
+            match inflight.next().await {
+                Some(done) => {
+                    ranges.retain(|(j, _, _)| *j != done);
+                }
+                None => break,
+            }
+        }
+        let vol = vol.clone();
+        let log2 = log.clone();
+        match op.kind {
+            OpKind::Flush => {
+                if vol.flush().await.is_ok() {
+                    mark(&log2, i);
+                }
+            }
+            OpKind::Write | OpKind::Trim => {
+                ranges.push((i, op.offset, op.offset + op.len));
+                inflight.push(async move {
+                    let r = if op.kind == OpKind::Write {
+                        let mut b = vec![0u8; op.len as usize];
+                        fill(&mut b, op.offset, op.id, op.epoch);
+                        vol.write(op.offset, Bytes::from(b), false).await
+                    } else {
+                        vol.trim(op.offset, op.len).await
+                    };
+                    if r.is_ok() {
+                        mark(&log2, i);
+                    }
+                    i
+                });
+            }
+        }
+    }
+    // Let some in-flight work finish, then the process dies.
+    let _ = env.timeout(tail, async { while inflight.next().await.is_some() {} }).await;
+    drop(inflight);
+    let out = match log.lock() {
+        Ok(l) => l.clone(),
+        Err(p) => p.into_inner().clone(),
+    };
+    out
+}
+
+/// Formats, runs and stops at the crash point. Returns the blob (with its
+/// in-flight ops still pending) and the op log.
+fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedOp>, SmallRng), String> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let planned = plan(&mut rng, cfg);
+    let depth = rng.random_range(1..=8usize);
+    let tail = Duration::from_micros(rng.random_range(0..3000));
+    let env = trial_env(rng.random());
+    let mem = MemBlob::new(env.clone(), rng.random(), cfg.tract_size, cfg.replication, (50, 2000));
+    let spec = VolumeSpec {
+        name: "crash".into(),
+        size_bytes: cfg.volume_size,
+        mode: cfg.mode,
+        flush: cfg.flush,
+        replication: cfg.replication,
+        block_size: Some(cfg.block_size),
+        segment_tracts: cfg.segment_tracts,
+        exposure: ExposureLimits { bytes_max: 2 << 20, writes_max: 64, age_ms_max: 1000 },
+    };
+    let rt = runtime();
+    let log = rt.block_on(async {
+        let io: Arc<dyn BlobIo> = Arc::new(mem.clone());
+        let fresh = Volume::format(env.clone(), io.clone(), &spec).await.map_err(|e| e.to_string())?;
+        drop(fresh);
+        let vol = Arc::new(Volume::open(env.clone(), io, cfg.planted).await.map_err(|e| e.to_string())?);
+        Ok::<_, String>(drive(vol, planned, depth, tail, env).await)
+    })?;
+    // The client process dies here: its tasks are dropped mid-flight.
+    drop(rt);
+    Ok((mem, log, rng))
+}
+
+/// Reopens the volume (running recovery) and reads it in one pass.
+fn recover_image(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Vec<u8>, String> {
+    let rt = runtime();
+    rt.block_on(async {
+        let env = trial_env(seed ^ 0x5eed);
+        let io: Arc<dyn BlobIo> = Arc::new(mem.reopen(env.clone()));
+        let vol = Volume::open(env, io, cfg.planted).await.map_err(|e| format!("recovery failed: {e}"))?;
+        let img = vol.read(0, vol.size()).await.map_err(|e| format!("reading the recovered volume: {e}"))?;
+        Ok(img.to_vec())
+    })
+}
+
+/// One random crash trial.
+pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
+    let (mem, log, mut rng) = match run_until_crash(seed, cfg) {
+        Ok(x) => x,
+        Err(e) => {
+            return Trial {
+                seed,
+                ops: 0,
+                acked: 0,
+                in_flight_at_crash: 0,
+                violation: Some(Violation::TrialFailed(e)),
+            }
+        }
+    };
+    let in_flight = mem.in_flight();
+    mem.crash(&mut rng);
+    let violation = match recover_image(&mem, seed, cfg) {
+        Ok(img) => check(&log, &img, cfg.contract()).err(),
+        Err(e) => Some(Violation::Unrecoverable(e)),
+    };
+    Trial {
+        seed,
+        ops: log.len(),
+        acked: log.iter().filter(|o| o.acked).count(),
+        in_flight_at_crash: in_flight,
+        violation,
+    }
+}
+
+/// Every way the in-flight ops of one crash point can land (replication
+/// 1, at most `max_in_flight` ops): 2^n recoveries, each checked.
+pub fn exhaustive(seed: u64, cfg: &CheckConfig, max_in_flight: usize) -> Result<usize, (u64, Violation)> {
+    let mut cfg = cfg.clone();
+    cfg.replication = 1;
+    let Ok((mem, log, _)) = run_until_crash(seed, &cfg) else { return Ok(0) };
+    let n = mem.in_flight();
+    if n > max_in_flight {
+        return Ok(0);
+    }
+    for mask in 0..(1u64 << n) {
+        let fork = mem.fork();
+        fork.crash_with(|op, _| mask & (1 << op) != 0);
+        match recover_image(&fork, seed, &cfg) {
+            Ok(img) => {
+                if let Err(v) = check(&log, &img, cfg.contract()) {
+                    return Err((mask, v));
+                }
+            }
+            Err(e) => return Err((mask, Violation::Unrecoverable(e))),
+        }
+    }
+    Ok(1 << n)
+}

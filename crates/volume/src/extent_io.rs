@@ -1,0 +1,54 @@
+//! Moving a byte range of the volume to and from its blob through the
+//! striping map: one blob-store operation per extent, all in parallel.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::cache::Data;
+use crate::io::{BlobIo, IoError};
+use crate::striping::{Extent, Striping};
+
+/// The bytes of one extent, gathered from the request buffer (one slice
+/// when the extent is a single piece, a copy otherwise).
+fn gather(e: &Extent, data: &Bytes) -> Bytes {
+    if let [p] = e.pieces.as_slice() {
+        return data.slice(p.buf_at..p.buf_at + p.len as usize);
+    }
+    let mut b = BytesMut::with_capacity(e.len as usize);
+    for p in &e.pieces {
+        b.extend_from_slice(&data[p.buf_at..p.buf_at + p.len as usize]);
+    }
+    b.freeze()
+}
+
+/// Writes (or, for zeros, trims) `data` at volume byte `offset`. Durable on
+/// every replica when it returns `Ok`.
+pub async fn write(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, data: &Data) -> Result<(), IoError> {
+    let extents = st.extents(offset, data.len());
+    let ops = extents.iter().map(|e| match data {
+        Data::Bytes(b) => io.write(e.tract, e.offset, gather(e, b)),
+        Data::Zero(_) => io.trim(e.tract, e.offset, e.len),
+    });
+    for r in futures::future::join_all(ops).await {
+        r?;
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes at volume byte `offset`.
+pub async fn read(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, len: u64) -> Result<BytesMut, IoError> {
+    let extents = st.extents(offset, len);
+    let reads = extents.iter().map(|e| io.read(e.tract, e.offset, e.len));
+    let results = futures::future::join_all(reads).await;
+    let mut buf = BytesMut::zeroed(len as usize);
+    for (e, r) in extents.iter().zip(results) {
+        let got = r?;
+        let mut at = 0usize;
+        for p in &e.pieces {
+            buf[p.buf_at..p.buf_at + p.len as usize].copy_from_slice(&got[at..at + p.len as usize]);
+            at += p.len as usize;
+        }
+    }
+    Ok(buf)
+}

@@ -1,0 +1,268 @@
+//! Flush-epoch commits with fast acknowledgment (Blizzard §2.5.2).
+//!
+//! Writes are acknowledged at once and tagged with the current epoch (the
+//! number of flushes so far). They are issued to the blob store strictly in
+//! epoch order: a write of epoch N+1 is issued only after every write of
+//! epochs ≤ N is durable ("retired"). Within an epoch writes go out in
+//! parallel, except that a write overlapping one still in flight waits for
+//! it, so the later of two acknowledged writes to a byte always wins.
+//!
+//! Invariants:
+//! - `issue_epoch` only grows, and only past an epoch that is closed (a
+//!   flush came after it), has nothing queued and nothing in flight. Hence
+//!   after a crash the blob holds every write of epochs < R, some of R, and
+//!   none after R (prefix consistency).
+//! - Until a write is durable its data is in the write cache; reads overlay
+//!   the cache on the blob, so no read returns data older than an
+//!   acknowledged write.
+//! - Acknowledged-but-not-durable data is bounded by `ExposureLimits`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use blizzard_env::{Env, Instant};
+
+use crate::cache::{Data, WriteCache};
+use crate::io::BlobIo;
+use crate::striping::Striping;
+use crate::superblock::ExposureLimits;
+use crate::{extent_io, PlantedBug, VolumeError};
+
+struct Op {
+    seq: u64,
+    epoch: u64,
+    offset: u64,
+    data: Data,
+    acked_at: Instant,
+}
+
+struct Flight {
+    epoch: u64,
+    offset: u64,
+    len: u64,
+    acked_at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    /// Flushes so far; new writes are tagged with it.
+    curr_epoch: u64,
+    /// The epoch whose writes may be issued now.
+    issue_epoch: u64,
+    queue: VecDeque<Op>,
+    inflight: BTreeMap<u64, Flight>,
+    inflight_per_epoch: BTreeMap<u64, usize>,
+    cache: WriteCache,
+    next_seq: u64,
+    out_bytes: u64,
+    out_writes: u64,
+}
+
+pub struct FastAck {
+    env: Env,
+    io: Arc<dyn BlobIo>,
+    striping: Striping,
+    limits: ExposureLimits,
+    planted: PlantedBug,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+/// Pause between retries of a write the blob store refused: it was already
+/// acknowledged, so it is retried until it lands (the blob store itself
+/// retries through TLT changes first).
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+impl FastAck {
+    pub fn new(
+        env: Env,
+        io: Arc<dyn BlobIo>,
+        striping: Striping,
+        limits: ExposureLimits,
+        planted: PlantedBug,
+    ) -> Arc<FastAck> {
+        Arc::new(FastAck {
+            env,
+            io,
+            striping,
+            limits,
+            planted,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn oldest(st: &State) -> Option<Instant> {
+        let q = st.queue.iter().map(|o| o.acked_at).min();
+        let f = st.inflight.values().map(|f| f.acked_at).min();
+        match (q, f) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Acknowledges a write (or, with `Data::Zero`, a trim) once it fits
+    /// under the exposure limits.
+    pub async fn write(self: &Arc<Self>, offset: u64, data: Data) -> Result<(), VolumeError> {
+        let len = data.len();
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let wait = {
+                let st = self.lock();
+                let now = self.env.now();
+                let age_max = Duration::from_millis(self.limits.age_ms_max as u64);
+                let too_old = Self::oldest(&st).filter(|t| now.duration_since(*t) >= age_max);
+                let busy = st.out_writes > 0
+                    && (st.out_bytes + len > self.limits.bytes_max
+                        || st.out_writes >= self.limits.writes_max as u64
+                        || too_old.is_some());
+                if !busy {
+                    break;
+                }
+                // Wake on progress, or when the oldest write would age out.
+                Self::oldest(&st)
+                    .map(|t| age_max.saturating_sub(now.duration_since(t)))
+                    .unwrap_or(age_max)
+                    .max(Duration::from_millis(1))
+            };
+            let _ = self.env.timeout(wait, notified).await;
+        }
+        let issue = {
+            let mut st = self.lock();
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let epoch = st.curr_epoch;
+            st.cache.insert(offset, data.clone(), seq);
+            st.out_bytes += len;
+            st.out_writes += 1;
+            st.queue.push_back(Op { seq, epoch, offset, data, acked_at: self.env.now() });
+            self.pump(&mut st)
+        };
+        self.spawn(issue);
+        Ok(())
+    }
+
+    /// Closes the current epoch. With `durable`, waits until every write
+    /// acknowledged before it is durable.
+    pub async fn flush(self: &Arc<Self>, durable: bool) -> Result<(), VolumeError> {
+        let (closed, issue) = {
+            let mut st = self.lock();
+            let closed = st.curr_epoch;
+            st.curr_epoch += 1;
+            self.retire(&mut st);
+            let issue = self.pump(&mut st);
+            (closed, issue)
+        };
+        self.spawn(issue);
+        self.changed.notify_waiters();
+        if !durable || self.planted == PlantedBug::AckDurableFlushEarly {
+            return Ok(());
+        }
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().issue_epoch > closed {
+                return Ok(());
+            }
+            notified.await;
+        }
+    }
+
+    /// Reads through the write cache.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        // Snapshot first: a write durable while the blob read is under way
+        // leaves the cache, but its data is in the snapshot.
+        let snap = self.lock().cache.snapshot(offset, len);
+        let mut buf = extent_io::read(&self.io, &self.striping, offset, len).await?;
+        WriteCache::overlay(&snap, offset, &mut buf);
+        Ok(buf.freeze())
+    }
+
+    /// Undurable writes, and the bytes they hold (for status and tests).
+    pub fn outstanding(&self) -> (u64, u64) {
+        let st = self.lock();
+        (st.out_writes, st.out_bytes)
+    }
+
+    /// Advances `issue_epoch` past every closed epoch with nothing queued
+    /// or in flight.
+    fn retire(&self, st: &mut State) {
+        while st.issue_epoch < st.curr_epoch
+            && st.queue.front().is_none_or(|o| o.epoch != st.issue_epoch)
+            && st.inflight_per_epoch.get(&st.issue_epoch).copied().unwrap_or(0) == 0
+        {
+            st.inflight_per_epoch.remove(&st.issue_epoch);
+            st.issue_epoch += 1;
+        }
+    }
+
+    /// Takes every queued write that may be issued now.
+    fn pump(&self, st: &mut State) -> Vec<Op> {
+        let mut out = Vec::new();
+        while let Some(front) = st.queue.front() {
+            let allowed = front.epoch == st.issue_epoch || self.planted == PlantedBug::IssueAcrossEpochs;
+            let (a, b) = (front.offset, front.offset + front.data.len());
+            let overlaps = st.inflight.values().any(|f| f.offset < b && a < f.offset + f.len);
+            if !allowed || overlaps {
+                break;
+            }
+            let Some(op) = st.queue.pop_front() else { break };
+            st.inflight.insert(
+                op.seq,
+                Flight { epoch: op.epoch, offset: op.offset, len: op.data.len(), acked_at: op.acked_at },
+            );
+            *st.inflight_per_epoch.entry(op.epoch).or_default() += 1;
+            out.push(op);
+        }
+        out
+    }
+
+    fn spawn(self: &Arc<Self>, ops: Vec<Op>) {
+        for op in ops {
+            let me = self.clone();
+            tokio::spawn(async move {
+                loop {
+                    match extent_io::write(&me.io, &me.striping, op.offset, &op.data).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(offset = op.offset, error = %e, "acknowledged write failed; retrying");
+                            me.env.sleep(RETRY_PAUSE).await;
+                        }
+                    }
+                }
+                me.complete(op.seq);
+            });
+        }
+    }
+
+    fn complete(self: &Arc<Self>, seq: u64) {
+        let issue = {
+            let mut st = self.lock();
+            let Some(f) = st.inflight.remove(&seq) else { return };
+            st.cache.remove_owned(f.offset, f.len, seq);
+            if let Some(n) = st.inflight_per_epoch.get_mut(&f.epoch) {
+                *n = n.saturating_sub(1);
+            }
+            st.out_bytes -= f.len;
+            st.out_writes -= 1;
+            self.retire(&mut st);
+            self.pump(&mut st)
+        };
+        self.spawn(issue);
+        self.changed.notify_waiters();
+    }
+}

@@ -1,0 +1,73 @@
+//! The virtual disk (Blizzard §2): a volume is one blob; this crate turns
+//! block reads, writes, flushes, trims and write-zeroes into tract
+//! operations.
+//!
+//! - `superblock`: the volume's parameters in tract 0, two copies.
+//! - `striping`: nested striping, volume bytes → (tract, offset).
+//! - `io`: the blob as the volume sees it ([`BlobIo`]); the real blob store
+//!   or, for the crash checker, a deterministic in-memory one.
+//! - `cache`: acknowledged data not yet durable, overlaid on reads.
+//! - `fast_ack`: flush-epoch commits with fast acknowledgment.
+//! - `volume`: the [`Volume`] handle and the commit modes behind it.
+//! - `manage`: create, open, list, resize, delete volumes by name.
+
+pub mod cache;
+mod extent_io;
+pub mod fast_ack;
+pub mod io;
+pub mod manage;
+pub mod striping;
+pub mod superblock;
+pub mod volume;
+
+pub use io::{BlobIo, ClientBlobIo, IoError};
+pub use superblock::{CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError};
+pub use volume::{Volume, VolumeSpec};
+
+/// Bugs planted on purpose so tests can show the crash checker catches
+/// them. Only tests and `blizzard crashcheck --plant` set one.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlantedBug {
+    #[default]
+    None,
+    /// A durable flush returns before the writes it covers are durable.
+    AckDurableFlushEarly,
+    /// Fast-ack issues writes of later epochs before earlier ones retire.
+    IssueAcrossEpochs,
+}
+
+impl PlantedBug {
+    pub fn parse(s: &str) -> Option<PlantedBug> {
+        match s {
+            "none" => Some(PlantedBug::None),
+            "ack-durable-flush-early" => Some(PlantedBug::AckDurableFlushEarly),
+            "issue-across-epochs" => Some(PlantedBug::IssueAcrossEpochs),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume {0:?} does not exist; `blizzard volume list` shows the volumes")]
+    NotFound(String),
+    #[error("volume {0:?} already exists; pick another name or delete it first")]
+    Exists(String),
+    #[error("range [{offset}, +{len}) is past the end of the {size}-byte volume")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("invalid volume parameters: {0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Superblock(#[from] SuperblockError),
+    #[error("blob store: {0}")]
+    Io(#[from] IoError),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl From<blizzard_client::ClientError> for VolumeError {
+    fn from(e: blizzard_client::ClientError) -> Self {
+        VolumeError::Io(IoError::Client(e))
+    }
+}

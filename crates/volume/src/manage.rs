@@ -1,0 +1,117 @@
+//! Volumes by name on a real cluster. A volume's blob id is derived from
+//! its name (a fixed 128-bit FNV-1a hash), so opening needs no registry;
+//! listing asks every tractserver for its blobs and keeps those whose tract
+//! 0 holds a volume superblock.
+
+use std::sync::Arc;
+
+use blizzard_client::{Client, ClientError};
+use blizzard_core::BlobId;
+use blizzard_env::Env;
+
+use crate::io::{BlobIo, ClientBlobIo};
+use crate::superblock::{Superblock, SUPERBLOCK_COPY_LEN};
+use crate::volume::{Volume, VolumeSpec};
+use crate::{PlantedBug, VolumeError};
+
+/// The blob id of the volume called `name`. Part of the on-cluster format:
+/// changing it loses every volume.
+pub fn blob_id(name: &str) -> BlobId {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    let mut h = OFFSET;
+    for b in b"blizzard-volume/".iter().chain(name.as_bytes()) {
+        h ^= *b as u128;
+        h = h.wrapping_mul(PRIME);
+    }
+    BlobId(h)
+}
+
+fn not_found(name: &str) -> impl Fn(ClientError) -> VolumeError + '_ {
+    move |e| match e {
+        ClientError::NoSuchBlob(_) => VolumeError::NotFound(name.to_string()),
+        ClientError::BlobExists(_) => VolumeError::Exists(name.to_string()),
+        e => e.into(),
+    }
+}
+
+/// Creates and formats a volume.
+pub async fn create(env: Env, client: &Client, spec: &VolumeSpec) -> Result<Volume, VolumeError> {
+    Volume::validate(spec, client.tract_size())?;
+    if spec.replication == 0 || spec.replication > client.max_replication() {
+        return Err(VolumeError::Invalid(format!(
+            "replication {} is outside 1..={} (the cluster's maximum)",
+            spec.replication,
+            client.max_replication()
+        )));
+    }
+    let id = blob_id(&spec.name);
+    let blob = client.create_blob(Some(id), spec.replication).await.map_err(not_found(&spec.name))?;
+    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    match Volume::format(env, io, spec).await {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            // Do not leave a half-made volume behind.
+            let _ = client.delete_blob(id).await;
+            Err(e)
+        }
+    }
+}
+
+/// Opens the volume called `name`, running its recovery.
+pub async fn open(env: Env, client: &Client, name: &str) -> Result<Volume, VolumeError> {
+    open_with(env, client, name, PlantedBug::None).await
+}
+
+#[doc(hidden)]
+pub async fn open_with(
+    env: Env,
+    client: &Client,
+    name: &str,
+    planted: PlantedBug,
+) -> Result<Volume, VolumeError> {
+    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    Volume::open(env, io, planted).await
+}
+
+/// Every volume's superblock, by name.
+pub async fn list(client: &Client) -> Result<Vec<Superblock>, VolumeError> {
+    let mut out = Vec::new();
+    for meta in client.list_blobs().await? {
+        if meta.size_tracts == 0 {
+            continue;
+        }
+        let blob = match client.open_blob(meta.blob).await {
+            Ok(b) => b,
+            Err(ClientError::NoSuchBlob(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let head = blob.read(0, 0, 2 * SUPERBLOCK_COPY_LEN).await?;
+        let n = SUPERBLOCK_COPY_LEN as usize;
+        if let Ok(sb) = Superblock::pick(&head[..n], &head[n..]) {
+            if blob_id(&sb.name) == meta.blob {
+                out.push(sb);
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Grows a volume.
+pub async fn resize(
+    env: Env,
+    client: &Client,
+    name: &str,
+    size_bytes: u64,
+) -> Result<Superblock, VolumeError> {
+    let mut v = open(env, client, name).await?;
+    v.resize(size_bytes).await?;
+    Ok(v.superblock().clone())
+}
+
+/// Deletes a volume and frees its space.
+pub async fn delete(client: &Client, name: &str) -> Result<(), VolumeError> {
+    client.delete_blob(blob_id(name)).await.map_err(not_found(name))
+}

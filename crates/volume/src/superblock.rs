@@ -1,0 +1,350 @@
+//! The volume's superblock: everything needed to open a volume, stored in
+//! tract 0 of its blob, twice (at 0 and at 4 KiB, written alternately with
+//! a generation number) so a torn update leaves the previous copy.
+
+use blizzard_core::crc::crc32c;
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZVOLUM";
+pub const SUPERBLOCK_FORMAT: u32 = 1;
+/// Each copy occupies one whole 4 KiB chunk of tract 0, so updating one
+/// never rewrites bytes of the other.
+pub const SUPERBLOCK_COPY_LEN: u32 = 4096;
+/// Longest volume name.
+pub const NAME_LEN_MAX: usize = 200;
+
+/// When a write is acknowledged and how ordering is kept (Blizzard §2.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitMode {
+    /// Acknowledged once durable on every replica.
+    WriteThrough = 1,
+    /// Acknowledged at once; written in flush-epoch order.
+    FastAck = 2,
+    /// Acknowledged and issued at once into a log; applied in log order.
+    Log = 3,
+}
+
+impl CommitMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CommitMode::WriteThrough => "write-through",
+            CommitMode::FastAck => "fast-ack",
+            CommitMode::Log => "log",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CommitMode> {
+        match s {
+            "write-through" => Some(CommitMode::WriteThrough),
+            "fast-ack" => Some(CommitMode::FastAck),
+            "log" => Some(CommitMode::Log),
+            _ => None,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<CommitMode> {
+        [CommitMode::WriteThrough, CommitMode::FastAck, CommitMode::Log].into_iter().find(|m| *m as u8 == v)
+    }
+}
+
+/// What a flush promises, independent of the commit mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushPolicy {
+    /// A flush returns once everything acknowledged before it is durable on
+    /// every replica: NBD's contract, a disk with a write cache.
+    Durable = 1,
+    /// Blizzard's fast flush: acknowledged at once, it only orders; after a
+    /// crash the volume holds a prefix of the flush epochs. Weaker than NBD.
+    Ordered = 2,
+}
+
+impl FlushPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            FlushPolicy::Durable => "durable",
+            FlushPolicy::Ordered => "ordered",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FlushPolicy> {
+        match s {
+            "durable" => Some(FlushPolicy::Durable),
+            "ordered" => Some(FlushPolicy::Ordered),
+            _ => None,
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<FlushPolicy> {
+        [FlushPolicy::Durable, FlushPolicy::Ordered].into_iter().find(|m| *m as u8 == v)
+    }
+}
+
+/// Caps on acknowledged-but-not-durable data; beyond any of them new writes
+/// wait (bounded exposure).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExposureLimits {
+    pub bytes_max: u64,
+    pub writes_max: u32,
+    /// The oldest undurable write may be at most this old.
+    pub age_ms_max: u32,
+}
+
+impl Default for ExposureLimits {
+    fn default() -> Self {
+        ExposureLimits { bytes_max: 64 << 20, writes_max: 4096, age_ms_max: 5000 }
+    }
+}
+
+/// Where a log-mode volume keeps its checkpoints and log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogGeometry {
+    /// Physical blocks in the log (more than virtual blocks: the slack
+    /// lets writes go to free blocks while old versions are still live).
+    pub physical_blocks: u64,
+    /// First tract of each of the two checkpoint slots.
+    pub checkpoint_tracts: [u64; 2],
+    /// Tracts per checkpoint slot.
+    pub checkpoint_slot_tracts: u64,
+    /// First tract of the log.
+    pub log_first_tract: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub name: String,
+    /// Bumped by every rewrite; the valid copy with the highest wins.
+    pub generation: u64,
+    pub size_bytes: u64,
+    /// Striping unit (write-through, fast-ack) or log block (log mode).
+    pub block_size: u32,
+    pub segment_tracts: u32,
+    pub replication: u8,
+    pub mode: CommitMode,
+    pub flush: FlushPolicy,
+    pub exposure: ExposureLimits,
+    pub created_unix_s: u64,
+    pub log: Option<LogGeometry>,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SuperblockError {
+    #[error("not a blizzard volume (no superblock)")]
+    NotAVolume,
+    #[error("both superblock copies are damaged; the volume cannot be opened")]
+    Damaged,
+    #[error("volume format {0} is not supported by this build (supports {SUPERBLOCK_FORMAT})")]
+    Format(u32),
+    #[error("superblock field {0} is invalid")]
+    Field(&'static str),
+}
+
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+struct Dec<'a>(&'a [u8]);
+
+impl Dec<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], SuperblockError> {
+        if self.0.len() < n {
+            return Err(SuperblockError::Field("length"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, SuperblockError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, SuperblockError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, SuperblockError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+impl Superblock {
+    /// One copy: `SUPERBLOCK_COPY_LEN` bytes ending in a CRC32C.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(SUPERBLOCK_COPY_LEN as usize));
+        e.0.extend_from_slice(&SUPERBLOCK_MAGIC);
+        e.u32(SUPERBLOCK_FORMAT);
+        e.u64(self.generation);
+        let name = &self.name.as_bytes()[..self.name.len().min(NAME_LEN_MAX)];
+        e.u32(name.len() as u32);
+        e.0.extend_from_slice(name);
+        e.u64(self.size_bytes);
+        e.u32(self.block_size);
+        e.u32(self.segment_tracts);
+        e.u8(self.replication);
+        e.u8(self.mode as u8);
+        e.u8(self.flush as u8);
+        e.u64(self.exposure.bytes_max);
+        e.u32(self.exposure.writes_max);
+        e.u32(self.exposure.age_ms_max);
+        e.u64(self.created_unix_s);
+        match &self.log {
+            None => e.u8(0),
+            Some(l) => {
+                e.u8(1);
+                e.u64(l.physical_blocks);
+                e.u64(l.checkpoint_tracts[0]);
+                e.u64(l.checkpoint_tracts[1]);
+                e.u64(l.checkpoint_slot_tracts);
+                e.u64(l.log_first_tract);
+            }
+        }
+        let body_len = e.0.len();
+        let mut b = e.0;
+        b.resize(SUPERBLOCK_COPY_LEN as usize - 8, 0);
+        b.extend_from_slice(&(body_len as u32).to_le_bytes());
+        let crc = crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes one copy; `Ok(None)` if it is blank or damaged.
+    pub fn decode(b: &[u8]) -> Result<Option<Superblock>, SuperblockError> {
+        let n = SUPERBLOCK_COPY_LEN as usize;
+        if b.len() < n || b[..8] != SUPERBLOCK_MAGIC {
+            return Ok(None);
+        }
+        let crc = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
+        if crc32c(&b[..n - 4]) != crc {
+            return Ok(None);
+        }
+        let mut d = Dec(&b[8..n - 8]);
+        let format = d.u32()?;
+        if format != SUPERBLOCK_FORMAT {
+            return Err(SuperblockError::Format(format));
+        }
+        let generation = d.u64()?;
+        let name_len = d.u32()? as usize;
+        if name_len > NAME_LEN_MAX {
+            return Err(SuperblockError::Field("name"));
+        }
+        let name =
+            String::from_utf8(d.take(name_len)?.to_vec()).map_err(|_| SuperblockError::Field("name"))?;
+        let size_bytes = d.u64()?;
+        let block_size = d.u32()?;
+        let segment_tracts = d.u32()?;
+        let replication = d.u8()?;
+        let mode = CommitMode::from_u8(d.u8()?).ok_or(SuperblockError::Field("mode"))?;
+        let flush = FlushPolicy::from_u8(d.u8()?).ok_or(SuperblockError::Field("flush"))?;
+        let exposure = ExposureLimits { bytes_max: d.u64()?, writes_max: d.u32()?, age_ms_max: d.u32()? };
+        let created_unix_s = d.u64()?;
+        let log = match d.u8()? {
+            0 => None,
+            1 => Some(LogGeometry {
+                physical_blocks: d.u64()?,
+                checkpoint_tracts: [d.u64()?, d.u64()?],
+                checkpoint_slot_tracts: d.u64()?,
+                log_first_tract: d.u64()?,
+            }),
+            _ => return Err(SuperblockError::Field("log")),
+        };
+        if block_size == 0 || !block_size.is_power_of_two() || segment_tracts == 0 || replication == 0 {
+            return Err(SuperblockError::Field("geometry"));
+        }
+        Ok(Some(Superblock {
+            name,
+            generation,
+            size_bytes,
+            block_size,
+            segment_tracts,
+            replication,
+            mode,
+            flush,
+            exposure,
+            created_unix_s,
+            log,
+        }))
+    }
+
+    /// Picks the newest valid of the two copies.
+    pub fn pick(a: &[u8], b: &[u8]) -> Result<Superblock, SuperblockError> {
+        let blank = |x: &[u8]| x.iter().all(|&v| v == 0);
+        match (Self::decode(a)?, Self::decode(b)?) {
+            (Some(x), Some(y)) => Ok(if y.generation > x.generation { y } else { x }),
+            (Some(x), None) | (None, Some(x)) => Ok(x),
+            (None, None) if blank(a) && blank(b) => Err(SuperblockError::NotAVolume),
+            (None, None) if a.starts_with(&SUPERBLOCK_MAGIC) || b.starts_with(&SUPERBLOCK_MAGIC) => {
+                Err(SuperblockError::Damaged)
+            }
+            (None, None) => Err(SuperblockError::NotAVolume),
+        }
+    }
+
+    /// Byte offset in tract 0 of the copy this generation is written to.
+    pub fn copy_offset(generation: u64) -> u32 {
+        (generation % 2) as u32 * SUPERBLOCK_COPY_LEN
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Superblock {
+        Superblock {
+            name: "db1".into(),
+            generation: 3,
+            size_bytes: 10 << 30,
+            block_size: 65536,
+            segment_tracts: 128,
+            replication: 3,
+            mode: CommitMode::Log,
+            flush: FlushPolicy::Durable,
+            exposure: ExposureLimits::default(),
+            created_unix_s: 1_767_225_600,
+            log: Some(LogGeometry {
+                physical_blocks: 200_000,
+                checkpoint_tracts: [1, 3],
+                checkpoint_slot_tracts: 2,
+                log_first_tract: 5,
+            }),
+        }
+    }
+
+    /// A copy survives a round trip; any flipped bit makes it invalid; the
+    /// newer of two valid copies wins and a damaged one falls back.
+    #[test]
+    fn round_trip_damage_and_pick() -> Result<(), SuperblockError> {
+        let s = sample();
+        let a = s.encode();
+        assert_eq!(a.len(), SUPERBLOCK_COPY_LEN as usize);
+        assert_eq!(Superblock::decode(&a)?, Some(s.clone()));
+        for bit in [0usize, 70, 800, 4090 * 8] {
+            let mut bad = a.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Superblock::decode(&bad).ok().flatten(), None, "bit {bit}");
+        }
+        let mut newer = s.clone();
+        newer.generation = 4;
+        newer.size_bytes = 20 << 30;
+        let b = newer.encode();
+        assert_eq!(Superblock::pick(&a, &b)?, newer);
+        let mut torn = b.clone();
+        torn[100] ^= 0xff;
+        assert_eq!(Superblock::pick(&a, &torn)?, s);
+        assert_eq!(Superblock::pick(&[0; 4096], &[0; 4096]), Err(SuperblockError::NotAVolume));
+        let mut torn_a = a.clone();
+        torn_a[50] ^= 1;
+        assert_eq!(Superblock::pick(&torn_a, &torn), Err(SuperblockError::Damaged));
+        Ok(())
+    }
+}

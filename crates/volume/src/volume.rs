@@ -1,0 +1,277 @@
+//! The volume handle: range checks, the superblock, and the commit mode.
+//!
+//! | mode          | write acknowledged when          | flush (durable policy)   | flush (ordered policy) |
+//! |---------------|----------------------------------|--------------------------|------------------------|
+//! | write-through | durable on every replica         | nothing to wait for      | nothing to wait for    |
+//! | fast-ack      | at once (under exposure limits)  | waits for earlier writes | closes the epoch only  |
+//!
+//! A write with FUA is durable when acknowledged in every mode.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use blizzard_env::Env;
+
+use crate::cache::Data;
+use crate::extent_io;
+use crate::fast_ack::FastAck;
+use crate::io::BlobIo;
+use crate::striping::Striping;
+use crate::superblock::{
+    CommitMode, ExposureLimits, FlushPolicy, Superblock, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
+};
+use crate::{PlantedBug, VolumeError};
+
+/// What to create.
+#[derive(Clone, Debug)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub size_bytes: u64,
+    pub mode: CommitMode,
+    pub flush: FlushPolicy,
+    pub replication: u8,
+    /// Striping unit; `None` picks 64 KiB.
+    pub block_size: Option<u32>,
+    pub segment_tracts: u32,
+    pub exposure: ExposureLimits,
+}
+
+impl VolumeSpec {
+    pub fn new(name: impl Into<String>, size_bytes: u64) -> Self {
+        VolumeSpec {
+            name: name.into(),
+            size_bytes,
+            mode: CommitMode::WriteThrough,
+            flush: FlushPolicy::Durable,
+            replication: 1,
+            block_size: None,
+            segment_tracts: 128,
+            exposure: ExposureLimits::default(),
+        }
+    }
+}
+
+/// Default striping unit: large enough that a sequential 1 MiB request is
+/// 16 blob operations, small enough that 4 KiB random I/O stays in one.
+pub const BLOCK_SIZE_DEFAULT: u32 = 64 << 10;
+
+/// Smallest volume block: one sector.
+pub const BLOCK_SIZE_MIN: u32 = 512;
+
+enum Engine {
+    WriteThrough,
+    FastAck(Arc<FastAck>),
+}
+
+pub struct Volume {
+    io: Arc<dyn BlobIo>,
+    sb: Superblock,
+    striping: Striping,
+    engine: Engine,
+}
+
+fn striping_for(sb: &Superblock, tract_size: u32) -> Striping {
+    Striping {
+        tract_size: tract_size as u64,
+        block_size: sb.block_size as u64,
+        segment_tracts: sb.segment_tracts as u64,
+        first_tract: 1,
+    }
+}
+
+impl Volume {
+    /// Checks a spec against the blob it would live in.
+    pub fn validate(spec: &VolumeSpec, tract_size: u32) -> Result<(), VolumeError> {
+        let bs = spec.block_size.unwrap_or(BLOCK_SIZE_DEFAULT);
+        let bad = |m: String| Err(VolumeError::Invalid(m));
+        if spec.name.is_empty() || spec.name.len() > NAME_LEN_MAX || spec.name.contains(['/', '\0']) {
+            return bad(format!("name must be 1..={NAME_LEN_MAX} bytes without '/'"));
+        }
+        if !bs.is_power_of_two() || bs < BLOCK_SIZE_MIN || bs > tract_size {
+            return bad(format!("block size {bs} must be a power of two between {BLOCK_SIZE_MIN} and the tract size ({tract_size})"));
+        }
+        if spec.size_bytes == 0 || !spec.size_bytes.is_multiple_of(512) {
+            return bad(format!("size {} must be a positive multiple of 512 bytes", spec.size_bytes));
+        }
+        if spec.segment_tracts == 0 || spec.segment_tracts > 65536 {
+            return bad("segment tracts must be 1..=65536".into());
+        }
+        if spec.mode == CommitMode::Log {
+            return Err(VolumeError::Unsupported(
+                "log commit mode is not available yet; use write-through or fast-ack".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Formats `io` (an empty blob) as a new volume and opens it.
+    pub async fn format(env: Env, io: Arc<dyn BlobIo>, spec: &VolumeSpec) -> Result<Volume, VolumeError> {
+        Self::validate(spec, io.tract_size())?;
+        let sb = Superblock {
+            name: spec.name.clone(),
+            generation: 1,
+            size_bytes: spec.size_bytes,
+            block_size: spec.block_size.unwrap_or(BLOCK_SIZE_DEFAULT),
+            segment_tracts: spec.segment_tracts,
+            replication: io.replication(),
+            mode: spec.mode,
+            flush: spec.flush,
+            exposure: spec.exposure,
+            created_unix_s: env
+                .clock
+                .system_time()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            log: None,
+        };
+        let st = striping_for(&sb, io.tract_size());
+        io.extend_to(st.tracts_for(sb.size_bytes)).await?;
+        Self::write_superblock(&io, &sb).await?;
+        Self::open(env, io, PlantedBug::None).await
+    }
+
+    async fn write_superblock(io: &Arc<dyn BlobIo>, sb: &Superblock) -> Result<(), VolumeError> {
+        io.write(0, Superblock::copy_offset(sb.generation), Bytes::from(sb.encode())).await?;
+        Ok(())
+    }
+
+    async fn read_superblock(io: &Arc<dyn BlobIo>) -> Result<Superblock, VolumeError> {
+        let b = io.read(0, 0, 2 * SUPERBLOCK_COPY_LEN).await?;
+        let n = SUPERBLOCK_COPY_LEN as usize;
+        Ok(Superblock::pick(&b[..n], &b[n..])?)
+    }
+
+    /// Opens the volume in `io`.
+    pub async fn open(env: Env, io: Arc<dyn BlobIo>, planted: PlantedBug) -> Result<Volume, VolumeError> {
+        let sb = Self::read_superblock(&io).await?;
+        let striping = striping_for(&sb, io.tract_size());
+        let engine = match sb.mode {
+            CommitMode::WriteThrough => Engine::WriteThrough,
+            CommitMode::FastAck => {
+                Engine::FastAck(FastAck::new(env, io.clone(), striping, sb.exposure, planted))
+            }
+            CommitMode::Log => {
+                return Err(VolumeError::Unsupported(format!(
+                    "volume {:?} uses log commit mode, which this build cannot open",
+                    sb.name
+                )))
+            }
+        };
+        Ok(Volume { io, sb, striping, engine })
+    }
+
+    /// Grows the volume to `size_bytes`.
+    pub async fn resize(&mut self, size_bytes: u64) -> Result<(), VolumeError> {
+        if size_bytes < self.sb.size_bytes {
+            return Err(VolumeError::Invalid("volumes can only grow".into()));
+        }
+        if !size_bytes.is_multiple_of(512) {
+            return Err(VolumeError::Invalid("size must be a multiple of 512 bytes".into()));
+        }
+        self.io.extend_to(self.striping.tracts_for(size_bytes)).await?;
+        let mut sb = self.sb.clone();
+        sb.size_bytes = size_bytes;
+        sb.generation += 1;
+        Self::write_superblock(&self.io, &sb).await?;
+        self.sb = sb;
+        Ok(())
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    pub fn size(&self) -> u64 {
+        self.sb.size_bytes
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.sb.block_size
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.sb.size_bytes => Ok(()),
+            _ => Err(VolumeError::OutOfRange { offset, len, size: self.sb.size_bytes }),
+        }
+    }
+
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        self.check(offset, len)?;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        match &self.engine {
+            Engine::WriteThrough => {
+                Ok(extent_io::read(&self.io, &self.striping, offset, len).await?.freeze())
+            }
+            Engine::FastAck(f) => f.read(offset, len).await,
+        }
+    }
+
+    async fn put(&self, offset: u64, data: Data, fua: bool) -> Result<(), VolumeError> {
+        self.check(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        match &self.engine {
+            Engine::WriteThrough => Ok(extent_io::write(&self.io, &self.striping, offset, &data).await?),
+            Engine::FastAck(f) => {
+                f.write(offset, data).await?;
+                if fua {
+                    // FUA: durable before acknowledged. Everything before it
+                    // becomes durable too (epoch order).
+                    f.flush(true).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `data` at `offset`. With `fua`, durable when it returns.
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), VolumeError> {
+        self.put(offset, Data::Bytes(data), fua).await
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros; its space is released.
+    pub async fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), VolumeError> {
+        self.put(offset, Data::Zero(len), fua).await
+    }
+
+    /// Discards `[offset, offset + len)`: it reads as zeros afterwards.
+    pub async fn trim(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        self.put(offset, Data::Zero(len), false).await
+    }
+
+    /// A flush under the volume's policy.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        self.flush_with(self.sb.flush == FlushPolicy::Durable).await
+    }
+
+    /// A flush that always waits for durability (FUA, shutdown).
+    pub async fn flush_durable(&self) -> Result<(), VolumeError> {
+        self.flush_with(true).await
+    }
+
+    async fn flush_with(&self, durable: bool) -> Result<(), VolumeError> {
+        match &self.engine {
+            Engine::WriteThrough => Ok(()),
+            Engine::FastAck(f) => f.flush(durable).await,
+        }
+    }
+
+    /// Undurable writes and bytes (0 in write-through mode).
+    pub fn outstanding(&self) -> (u64, u64) {
+        match &self.engine {
+            Engine::WriteThrough => (0, 0),
+            Engine::FastAck(f) => f.outstanding(),
+        }
+    }
+
+    /// Makes everything durable and closes the volume.
+    pub async fn close(self) -> Result<(), VolumeError> {
+        self.flush_durable().await
+    }
+}
