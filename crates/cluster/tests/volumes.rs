@@ -88,6 +88,8 @@ async fn every_mode_reads_back_what_it_wrote() -> R {
         (CommitMode::WriteThrough, FlushPolicy::Durable),
         (CommitMode::FastAck, FlushPolicy::Durable),
         (CommitMode::FastAck, FlushPolicy::Ordered),
+        (CommitMode::Log, FlushPolicy::Durable),
+        (CommitMode::Log, FlushPolicy::Ordered),
     ]
     .into_iter()
     .enumerate()

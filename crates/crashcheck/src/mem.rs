@@ -5,13 +5,12 @@
 //! |-------------------------------|-----------------------------------------------------|
 //! | write/trim issued             | in flight for a seeded random (virtual) latency     |
 //! | write/trim completes          | applied to every replica at once, then acknowledged |
-//! | crash                         | each in-flight op lands, or not, on each replica independently; unissued ops never existed |
+//! | crash                         | each in-flight op, on each replica independently, lands whole, not at all, or torn: some of its 4 KiB chunks land (a tractserver that died mid-write); unissued ops never existed |
 //! | read                          | one replica, chosen by the seed                     |
 //! | read of all replicas          | every replica (recovery compares them)              |
 //!
-//! An op lands whole on a replica or not at all: tearing inside one tract
-//! operation is the blob store's business (its chunk CRCs) and is tested
-//! there.
+//! Tearing is at 4 KiB chunk granularity: below that the blob store's own
+//! chunk CRCs turn a torn chunk into a read error, tested at the blob layer.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -145,9 +144,49 @@ impl MemBlob {
         out
     }
 
-    /// The crash with a coin per (op, replica) from the seed.
+    /// The crash with the seed deciding, per (op, replica): whole, nothing,
+    /// or torn (each 4 KiB chunk of the op by its own coin).
     pub fn crash(&self, rng: &mut SmallRng) -> CrashOutcome {
-        self.crash_with(|_, _| rng.random_bool(0.5))
+        let mut st = self.lock();
+        let ops: Vec<Pending> = std::mem::take(&mut st.inflight).into_values().collect();
+        let mut out = CrashOutcome { in_flight: ops.len(), landed: 0 };
+        let ts = self.tract_size;
+        for p in &ops {
+            for r in 0..st.replicas.len() {
+                match rng.random_range(0..3) {
+                    0 => {}
+                    1 => {
+                        Self::apply(&mut st.replicas[r], ts, p);
+                        out.landed += 1;
+                    }
+                    _ => {
+                        // Torn: chunk by chunk, aligned to the tract.
+                        let len = match &p.kind {
+                            Kind::Write(b) => b.len() as u32,
+                            Kind::Trim(n) => *n,
+                        };
+                        let mut at = p.offset;
+                        while at < p.offset + len {
+                            let next = ((at / 4096 + 1) * 4096).min(p.offset + len);
+                            if rng.random_bool(0.5) {
+                                let (s0, s1) = ((at - p.offset) as usize, (next - p.offset) as usize);
+                                let piece = Pending {
+                                    tract: p.tract,
+                                    offset: at,
+                                    kind: match &p.kind {
+                                        Kind::Write(b) => Kind::Write(b.slice(s0..s1)),
+                                        Kind::Trim(_) => Kind::Trim(next - at),
+                                    },
+                                };
+                                Self::apply(&mut st.replicas[r], ts, &piece);
+                            }
+                            at = next;
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     fn op(&self, tract: u64, offset: u32, kind: Kind) -> BoxFuture<'static, Result<(), IoError>> {

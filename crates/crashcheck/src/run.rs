@@ -110,7 +110,10 @@ struct Planned {
 
 fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     let n = rng.random_range(1..=cfg.ops_max);
-    let flush_every = rng.random_range(1..=64usize);
+    // Often a flush every few writes: many epochs in flight at a crash is
+    // where ordering bugs show.
+    let flush_every =
+        if rng.random_bool(0.4) { rng.random_range(1..=4usize) } else { rng.random_range(1..=64usize) };
     let sectors = cfg.volume_size / SECTOR as u64;
     // A hot region makes overwrites common.
     let hot = rng.random_range(8..=sectors.min(2048));

@@ -8,6 +8,8 @@
 //!   or, for the crash checker, a deterministic in-memory one.
 //! - `cache`: acknowledged data not yet durable, overlaid on reads.
 //! - `fast_ack`: flush-epoch commits with fast acknowledgment.
+//! - `log`: out-of-order log commit: permutation, records, checkpoints,
+//!   roll-forward recovery.
 //! - `volume`: the [`Volume`] handle and the commit modes behind it.
 //! - `manage`: create, open, list, resize, delete volumes by name.
 
@@ -15,6 +17,7 @@ pub mod cache;
 mod extent_io;
 pub mod fast_ack;
 pub mod io;
+pub mod log;
 pub mod manage;
 pub mod striping;
 pub mod superblock;
@@ -35,6 +38,16 @@ pub enum PlantedBug {
     AckDurableFlushEarly,
     /// Fast-ack issues writes of later epochs before earlier ones retire.
     IssueAcrossEpochs,
+    /// Log recovery accepts blocks without checking their CRC.
+    SkipReadCrc,
+    /// The log's block map takes writes as they become durable, not in LSN
+    /// order, and checkpoints do not wait for the log to drain.
+    AdvanceMapOutOfOrder,
+    /// Log recovery steps over a hole and keeps rolling forward.
+    RollForwardPastHole,
+    /// Log recovery accepts an intact block without checking its LSN and
+    /// checkpoint sequence number.
+    ReuseWithoutSeq,
 }
 
 impl PlantedBug {
@@ -43,6 +56,10 @@ impl PlantedBug {
             "none" => Some(PlantedBug::None),
             "ack-durable-flush-early" => Some(PlantedBug::AckDurableFlushEarly),
             "issue-across-epochs" => Some(PlantedBug::IssueAcrossEpochs),
+            "skip-read-crc" => Some(PlantedBug::SkipReadCrc),
+            "map-out-of-order" => Some(PlantedBug::AdvanceMapOutOfOrder),
+            "roll-past-hole" => Some(PlantedBug::RollForwardPastHole),
+            "reuse-without-seq" => Some(PlantedBug::ReuseWithoutSeq),
             _ => None,
         }
     }

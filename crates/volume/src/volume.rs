@@ -4,6 +4,7 @@
 //! |---------------|----------------------------------|--------------------------|------------------------|
 //! | write-through | durable on every replica         | nothing to wait for      | nothing to wait for    |
 //! | fast-ack      | at once (under exposure limits)  | waits for earlier writes | closes the epoch only  |
+//! | log           | at once (under exposure limits)  | waits for earlier writes | closes the epoch only  |
 //!
 //! A write with FUA is durable when acknowledged in every mode.
 
@@ -17,6 +18,7 @@ use crate::cache::Data;
 use crate::extent_io;
 use crate::fast_ack::FastAck;
 use crate::io::BlobIo;
+use crate::log::{LogEngine, LogGeom};
 use crate::striping::Striping;
 use crate::superblock::{
     CommitMode, ExposureLimits, FlushPolicy, Superblock, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
@@ -62,6 +64,7 @@ pub const BLOCK_SIZE_MIN: u32 = 512;
 enum Engine {
     WriteThrough,
     FastAck(Arc<FastAck>),
+    Log(Arc<LogEngine>),
 }
 
 pub struct Volume {
@@ -98,9 +101,7 @@ impl Volume {
             return bad("segment tracts must be 1..=65536".into());
         }
         if spec.mode == CommitMode::Log {
-            return Err(VolumeError::Unsupported(
-                "log commit mode is not available yet; use write-through or fast-ack".into(),
-            ));
+            LogGeom::plan(spec.size_bytes, bs as u64, tract_size as u64)?;
         }
         Ok(())
     }
@@ -108,7 +109,7 @@ impl Volume {
     /// Formats `io` (an empty blob) as a new volume and opens it.
     pub async fn format(env: Env, io: Arc<dyn BlobIo>, spec: &VolumeSpec) -> Result<Volume, VolumeError> {
         Self::validate(spec, io.tract_size())?;
-        let sb = Superblock {
+        let mut sb = Superblock {
             name: spec.name.clone(),
             generation: 1,
             size_bytes: spec.size_bytes,
@@ -126,8 +127,16 @@ impl Volume {
                 .unwrap_or(0),
             log: None,
         };
-        let st = striping_for(&sb, io.tract_size());
-        io.extend_to(st.tracts_for(sb.size_bytes)).await?;
+        if sb.mode == CommitMode::Log {
+            let geom = LogGeom::plan(sb.size_bytes, sb.block_size as u64, io.tract_size() as u64)?;
+            sb.log = Some(geom.superblock_part());
+            io.extend_to(geom.total_tracts()).await?;
+            LogEngine::format(&io, &geom, env.random_u64()).await?;
+        } else {
+            let st = striping_for(&sb, io.tract_size());
+            io.extend_to(st.tracts_for(sb.size_bytes)).await?;
+        }
+        // Last: a volume without a superblock is not a volume yet.
         Self::write_superblock(&io, &sb).await?;
         Self::open(env, io, PlantedBug::None).await
     }
@@ -153,10 +162,12 @@ impl Volume {
                 Engine::FastAck(FastAck::new(env, io.clone(), striping, sb.exposure, planted))
             }
             CommitMode::Log => {
-                return Err(VolumeError::Unsupported(format!(
-                    "volume {:?} uses log commit mode, which this build cannot open",
-                    sb.name
-                )))
+                let Some(l) = &sb.log else {
+                    return Err(VolumeError::Unsupported("log volume without log geometry".into()));
+                };
+                let geom =
+                    LogGeom::from_superblock(l, sb.size_bytes, sb.block_size as u64, io.tract_size() as u64);
+                Engine::Log(LogEngine::open(env, io.clone(), geom, sb.exposure, planted).await?)
             }
         };
         Ok(Volume { io, sb, striping, engine })
@@ -166,6 +177,12 @@ impl Volume {
     pub async fn resize(&mut self, size_bytes: u64) -> Result<(), VolumeError> {
         if size_bytes < self.sb.size_bytes {
             return Err(VolumeError::Invalid("volumes can only grow".into()));
+        }
+        if self.sb.mode == CommitMode::Log {
+            return Err(VolumeError::Unsupported(
+                "log volumes cannot be resized yet (the log's permutation covers a fixed number of blocks)"
+                    .into(),
+            ));
         }
         if !size_bytes.is_multiple_of(512) {
             return Err(VolumeError::Invalid("size must be a multiple of 512 bytes".into()));
@@ -208,6 +225,7 @@ impl Volume {
                 Ok(extent_io::read(&self.io, &self.striping, offset, len).await?.freeze())
             }
             Engine::FastAck(f) => f.read(offset, len).await,
+            Engine::Log(l) => l.read(offset, len).await,
         }
     }
 
@@ -224,6 +242,13 @@ impl Volume {
                     // FUA: durable before acknowledged. Everything before it
                     // becomes durable too (epoch order).
                     f.flush(true).await?;
+                }
+                Ok(())
+            }
+            Engine::Log(l) => {
+                l.write(offset, data).await?;
+                if fua {
+                    l.flush(true).await?;
                 }
                 Ok(())
             }
@@ -259,6 +284,7 @@ impl Volume {
         match &self.engine {
             Engine::WriteThrough => Ok(()),
             Engine::FastAck(f) => f.flush(durable).await,
+            Engine::Log(l) => l.flush(durable).await,
         }
     }
 
@@ -267,6 +293,7 @@ impl Volume {
         match &self.engine {
             Engine::WriteThrough => (0, 0),
             Engine::FastAck(f) => f.outstanding(),
+            Engine::Log(l) => l.outstanding(),
         }
     }
 
