@@ -16,7 +16,7 @@ use blizzard_env::Env;
 use blizzard_metaserver::server::MetaConfig;
 use blizzard_proto::ClusterStatus;
 use blizzard_tractserver::TractServerConfig;
-use blizzard_volume::{CommitMode, FlushPolicy, PlantedBug};
+use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, VolumeSpec};
 
 // Tract-sized buffers come and go constantly; mimalloc keeps freed ones for
 // reuse instead of handing them back to the kernel to be faulted in again.
@@ -36,17 +36,37 @@ fn size(s: &str) -> Result<u64, String> {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a whole cluster in this process: a metadata server and N
-    /// tractservers on loopback, data under --data. Runs until Ctrl-C.
+    /// Run everything in this process: a metadata server, N tractservers
+    /// (data under --data) and an NBD server exporting a default volume,
+    /// created on first start. Survives restarts; Ctrl-C or SIGTERM stops
+    /// it cleanly.
     Up {
         /// Directory for the tractservers' disk files.
         #[arg(long, default_value = "./blizzard-data")]
         data: PathBuf,
+        /// Where the NBD server listens (`host:port` or `unix:/path`).
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: String,
         #[arg(long, default_value_t = 4)]
         tractservers: usize,
-        /// Maximum replication level (members per TLT row).
+        /// Replication of the cluster and of the default volume.
         #[arg(long, default_value_t = 1)]
         replication: u8,
+        /// Name of the default volume (also the default NBD export).
+        #[arg(long, default_value = "disk")]
+        volume: String,
+        /// Size of the default volume when it is created (thin: space is
+        /// used only where written).
+        #[arg(long, default_value = "4GiB", value_parser = size)]
+        size: u64,
+        /// Commit mode of the default volume when it is created.
+        #[arg(long, default_value = "write-through", value_parser = mode)]
+        mode: CommitMode,
+        /// Flush policy of the default volume when it is created: durable
+        /// (NBD's contract) or ordered (faster, weaker than NBD: a flush only
+        /// orders writes).
+        #[arg(long, default_value = "durable", value_parser = policy)]
+        flush: FlushPolicy,
         #[arg(long, default_value = "8MiB", value_parser = size)]
         tract_size: u64,
         /// Size of each tractserver's disk file, allocated on first start.
@@ -55,9 +75,25 @@ enum Cmd {
         /// Where the metadata server listens.
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta_listen: String,
-        /// Write and read back a test blob, print the status, and exit.
+        /// Start everything, check the blob store and the volume, print the
+        /// status, and exit.
         #[arg(long)]
         check: bool,
+    },
+    /// Serve the volumes of a cluster over NBD (QEMU, nbdinfo, nbdcopy,
+    /// nbdfuse, fio's nbd engine), each as an export of its own name.
+    Nbd {
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        meta: String,
+        /// `host:port` to listen on.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: String,
+        /// Listen on a unix socket instead.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// The export a client gets when it asks for the default (empty) name.
+        #[arg(long)]
+        default_export: Option<String>,
     },
     /// Run a metadata server.
     Meta {
@@ -128,6 +164,36 @@ enum Cmd {
         /// Plant a bug on purpose, to see the checker catch it.
         #[arg(long, default_value = "none", value_parser = planted)]
         plant: PlantedBug,
+    },
+    /// The client half of the real-process crash check: drive a tagged
+    /// random workload against a volume, logging each operation before it
+    /// is issued and each acknowledgment after it arrives. Kill it with
+    /// SIGKILL at any moment, then run `crashcheck-verify`.
+    CrashcheckClient {
+        #[arg(long, default_value = "127.0.0.1:7600")]
+        meta: String,
+        #[arg(long)]
+        volume: String,
+        /// Event log to append to (created).
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, default_value_t = 100_000)]
+        ops: usize,
+        /// Operations in flight.
+        #[arg(long, default_value_t = 8)]
+        depth: usize,
+    },
+    /// Recover a volume after `crashcheck-client` was killed and check it
+    /// against the event log under the volume's commit mode and flush policy.
+    CrashcheckVerify {
+        #[arg(long, default_value = "127.0.0.1:7600")]
+        meta: String,
+        #[arg(long)]
+        volume: String,
+        #[arg(long)]
+        log: PathBuf,
     },
 }
 
@@ -221,7 +287,20 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     let env = Env::real();
     match cli.cmd {
-        Cmd::Up { data, tractservers, replication, tract_size, disk_size, meta_listen, check } => {
+        Cmd::Up {
+            data,
+            listen,
+            tractservers,
+            replication,
+            volume,
+            size,
+            mode,
+            flush,
+            tract_size,
+            disk_size,
+            meta_listen,
+            check,
+        } => {
             let mut cfg = ClusterConfig::new(&data);
             cfg.tractservers = tractservers;
             cfg.replication = replication;
@@ -233,19 +312,65 @@ async fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("starting the embedded cluster in {}", data.display()))?;
             let client = cluster.client().await?;
             self_check(&client).await.context("self-check of the blob store failed")?;
-            let status = client.cluster_status().await?;
-            print_status(&status);
+            let vol = match manage::open(env.clone(), &client, &volume).await {
+                Ok(v) => v,
+                Err(blizzard_volume::VolumeError::NotFound(_)) => {
+                    let mut spec = VolumeSpec::new(volume.clone(), size);
+                    spec.mode = mode;
+                    spec.flush = flush;
+                    spec.replication = replication;
+                    manage::create(env.clone(), &client, &spec)
+                        .await
+                        .with_context(|| format!("creating the default volume {volume:?}"))?
+                }
+                Err(e) => return Err(e).with_context(|| format!("opening the default volume {volume:?}")),
+            };
+            let sb = vol.superblock().clone();
+            // The NBD server opens it again, once, for all its connections.
+            vol.close().await?;
+            let exports = blizzard_nbd::ClientExports::new(env.clone(), client.clone());
+            let nbd_cfg =
+                blizzard_nbd::NbdConfig { default_export: Some(volume.clone()), ..Default::default() };
+            let server =
+                blizzard_nbd::Server::start(env.clone(), exports, &listen, nbd_cfg).await.with_context(
+                    || format!("starting the NBD server on {listen}; is another server using it?"),
+                )?;
+            print_status(&client.cluster_status().await?);
             println!();
-            println!("blob store up: metadata server at {}", cluster.meta_addr);
-            println!("  status:   blizzard status --meta {}", cluster.meta_addr);
-            println!("  data in:  {}", data.display());
-            if check {
-                cluster.stop().await;
-                return Ok(());
+            print_volume(&sb);
+            if sb.mode != mode || sb.flush != flush || sb.size_bytes != size {
+                println!(
+                    "(the volume already existed: it keeps its own settings; `blizzard volume` changes or replaces it)"
+                );
             }
-            println!("Ctrl-C to stop.");
-            tokio::signal::ctrl_c().await?;
+            println!();
+            print_connect(server.local_addr(), &volume);
+            println!("  status:       blizzard status --meta {}", cluster.meta_addr);
+            println!("  data in:      {}", data.display());
+            if !check {
+                println!("Ctrl-C (or SIGTERM) stops it cleanly.");
+                wait_for_stop_signal().await?;
+                println!("stopping: finishing in-flight requests and flushing volumes");
+            }
+            let flushed = server.shutdown().await;
             cluster.stop().await;
+            flushed.context("flushing volumes at shutdown")?;
+        }
+        Cmd::Nbd { meta, listen, socket, default_export } => {
+            let client = connect(&env, &meta).await?;
+            let listen = match socket {
+                Some(p) => format!("unix:{}", p.display()),
+                None => listen,
+            };
+            let exports = blizzard_nbd::ClientExports::new(env.clone(), client);
+            let cfg =
+                blizzard_nbd::NbdConfig { default_export: default_export.clone(), ..Default::default() };
+            let server = blizzard_nbd::Server::start(env, exports, &listen, cfg)
+                .await
+                .with_context(|| format!("starting the NBD server on {listen}"))?;
+            print_connect(server.local_addr(), default_export.as_deref().unwrap_or("VOLUME"));
+            wait_for_stop_signal().await?;
+            server.shutdown().await.context("flushing volumes at shutdown")?;
         }
         Cmd::Meta {
             listen,
@@ -307,6 +432,46 @@ async fn run(cli: Cli) -> Result<()> {
                 std::process::exit(1);
             }
         }
+        Cmd::CrashcheckClient { meta, volume, log, seed, ops, depth } => {
+            use std::io::Write;
+            let client = connect(&env, &meta).await?;
+            let vol =
+                std::sync::Arc::new(blizzard_volume::manage::open(env.clone(), &client, &volume).await?);
+            // A harness file at the binary's edge, not a disk the simulator models.
+            #[allow(clippy::disallowed_methods)]
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .with_context(|| format!("cannot open the event log {}", log.display()))?;
+            let seed = seed.unwrap_or_else(|| env.random_u64() >> 16);
+            eprintln!("crashcheck-client: volume {volume} seed {seed}");
+            let mut failed = None;
+            // One write(2) per event: the kernel keeps it if we are killed.
+            blizzard_crashcheck::real::drive_logged(vol, seed, ops, depth, |e| {
+                if let Err(err) = file.write_all(e.encode().as_bytes()) {
+                    failed.get_or_insert(err);
+                }
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+            if let Some(e) = failed {
+                bail!("writing the event log {}: {e}", log.display());
+            }
+        }
+        Cmd::CrashcheckVerify { meta, volume, log } => {
+            let text = std::fs::read_to_string(&log)
+                .with_context(|| format!("cannot read the event log {}", log.display()))?;
+            let ops = blizzard_crashcheck::real::parse_log(&text).map_err(|e| anyhow::anyhow!(e))?;
+            let client = connect(&env, &meta).await?;
+            let vol = blizzard_volume::manage::open(env.clone(), &client, &volume).await?;
+            let acked = ops.iter().filter(|o| o.acked).count();
+            let r = blizzard_crashcheck::real::verify(&vol, &ops).await;
+            println!("ops={} acked={acked} violations={}", ops.len(), u8::from(r.is_err()));
+            if let Err(v) = r {
+                bail!("volume {volume} is not in a state its mode allows: {v}");
+            }
+        }
         Cmd::Status { meta } => {
             let mut cfg = ClientConfig::new(meta.clone());
             cfg.connect_timeout = Duration::from_secs(5);
@@ -328,7 +493,6 @@ async fn connect(env: &Env, meta: &str) -> Result<Client> {
 }
 
 async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
-    use blizzard_volume::{manage, VolumeSpec};
     match cmd {
         VolumeCmd::Create { name, size, mode, flush, replication, block_size, segment_tracts, meta } => {
             let client = connect(&env, &meta).await?;
@@ -377,6 +541,30 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn wait_for_stop_signal() -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+/// How to reach an export, for people.
+fn print_connect(addr: &str, export: &str) {
+    let uri = match addr.strip_prefix("unix:") {
+        Some(path) => format!("nbd+unix:///{export}?socket={path}"),
+        None => format!("nbd://{addr}/{export}"),
+    };
+    println!("NBD export {export:?} at {addr}:");
+    println!("  inspect:      nbdinfo {uri}");
+    println!("  copy in/out:  qemu-img convert -n -O raw IMAGE {uri}   |   nbdcopy {uri} OUT.img");
+    println!("  a VM's disk:  qemu-system-x86_64 -drive file={uri},format=raw,cache=none ...");
+    println!("  kernel:       nbdfuse DIR {uri} &  then  losetup --find --show --direct-io=on DIR/nbd");
 }
 
 fn print_volume(sb: &blizzard_volume::Superblock) {

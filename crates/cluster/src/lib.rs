@@ -29,6 +29,10 @@ pub struct ClusterConfig {
     pub heartbeat_interval: Duration,
     /// Delay injected into each tract read and write (benchmarks).
     pub io_delay: Duration,
+    /// Requests each tractserver serves through the delay at once (0: no limit).
+    pub io_arms: u32,
+    /// Bytes per second each tractserver's injected disk transfers (0: no limit).
+    pub io_bandwidth: u64,
 }
 
 impl ClusterConfig {
@@ -43,6 +47,8 @@ impl ClusterConfig {
             host: "127.0.0.1".into(),
             heartbeat_interval: Duration::from_millis(200),
             io_delay: Duration::ZERO,
+            io_arms: 0,
+            io_bandwidth: 0,
         }
     }
 }
@@ -118,6 +124,8 @@ impl Cluster {
         t.failure_domain = format!("ts-{i}");
         t.heartbeat_interval = self.cfg.heartbeat_interval;
         t.io_delay = self.cfg.io_delay;
+        t.io_arms = self.cfg.io_arms;
+        t.io_bandwidth = self.cfg.io_bandwidth;
         let h = ts::start(self.env.clone(), t)
             .await
             .map_err(|error| ClusterError::TractServer { index: i, error })?;

@@ -149,3 +149,64 @@ async fn trim_frees_space() -> R {
     c.stop().await;
     Ok(())
 }
+
+/// `allocation` tells written ranges from holes in every mode, covers the
+/// range exactly, and a trimmed range becomes a hole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocation_reports_holes() -> R {
+    use blizzard_volume::Allocation;
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir).await;
+    let client = c.client().await?;
+    let env = Env::real();
+    for (i, mode) in [CommitMode::WriteThrough, CommitMode::FastAck, CommitMode::Log].into_iter().enumerate()
+    {
+        let v =
+            manage::create(env.clone(), &client, &spec(&format!("alloc-{i}"), mode, FlushPolicy::Durable))
+                .await?;
+        let size = v.size();
+        // State of the byte at `x` according to one allocation call over
+        // the whole volume (which must cover it exactly).
+        let state_at = |ext: &[blizzard_volume::AllocExtent], x: u64| {
+            let mut at = 0;
+            for e in ext {
+                if x < at + e.len {
+                    return e.state;
+                }
+                at += e.len;
+            }
+            panic!("byte {x} not covered");
+        };
+        let ext = v.allocation(0, size).await?;
+        assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), size, "{mode:?}: covers the range");
+        assert!(ext.iter().all(|e| e.state == Allocation::Zero), "{mode:?}: a new volume is all hole");
+
+        v.write(64 << 10, Bytes::from(vec![7u8; 8192]), false).await?;
+        v.write((1 << 20) + 512, Bytes::from(vec![9u8; 1024]), false).await?;
+        let ext = v.allocation(0, size).await?;
+        assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), size);
+        for x in [64 << 10, (64 << 10) + 8191, (1 << 20) + 512, (1 << 20) + 1535] {
+            assert_eq!(state_at(&ext, x), Allocation::Data, "{mode:?}: byte {x} was written");
+        }
+        for x in [0, 32 << 10, 4 << 20, size - 1] {
+            assert_eq!(state_at(&ext, x), Allocation::Zero, "{mode:?}: byte {x} was never written");
+        }
+        // After the data is durable, the answer holds too.
+        v.flush_durable().await?;
+        let ext = v.allocation(60 << 10, 16 << 10).await?;
+        assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), 16 << 10);
+        assert_eq!(state_at(&ext, 4 << 10), Allocation::Data);
+        assert_eq!(state_at(&ext, 0), Allocation::Zero);
+
+        v.trim(64 << 10, 8192).await?;
+        v.flush_durable().await?;
+        let ext = v.allocation(64 << 10, 8192).await?;
+        assert!(
+            ext.iter().all(|e| e.state == Allocation::Zero),
+            "{mode:?}: trimmed range is a hole: {ext:?}"
+        );
+        v.close().await?;
+    }
+    c.stop().await;
+    Ok(())
+}

@@ -7,9 +7,12 @@
 //!   any workload.
 //! - `run`: seeded trials (random crash points, or every outcome of one
 //!   crash point) tying the three together.
+//! - `real`: the same check across real processes: an event log written by
+//!   a client that gets SIGKILLed, and the verification after recovery.
 
 pub mod checker;
 pub mod mem;
+pub mod real;
 pub mod run;
 pub mod tag;
 

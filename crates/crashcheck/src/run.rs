@@ -110,11 +110,19 @@ struct Planned {
 
 fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     let n = rng.random_range(1..=cfg.ops_max);
+    plan_ops(rng, cfg.volume_size, n).into_iter().map(|op| Planned { op }).collect()
+}
+
+/// `n` random client operations on a volume of `volume_size` bytes:
+/// tagged writes of 4 KiB to 1 MiB (half of them 4 KiB-aligned, most in a
+/// hot region so overwrites are common), some trims, and a flush every
+/// few writes.
+pub fn plan_ops(rng: &mut SmallRng, volume_size: u64, n: usize) -> Vec<LoggedOp> {
     // Often a flush every few writes: many epochs in flight at a crash is
     // where ordering bugs show.
     let flush_every =
         if rng.random_bool(0.4) { rng.random_range(1..=4usize) } else { rng.random_range(1..=64usize) };
-    let sectors = cfg.volume_size / SECTOR as u64;
+    let sectors = volume_size / SECTOR as u64;
     // A hot region makes overwrites common.
     let hot = rng.random_range(8..=sectors.min(2048));
     let mut epoch = 0;
@@ -123,9 +131,7 @@ fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     for i in 0..n {
         let id = i as u64 + 1;
         if since_flush >= flush_every {
-            out.push(Planned {
-                op: LoggedOp { id, kind: OpKind::Flush, offset: 0, len: 0, epoch, acked: false },
-            });
+            out.push(LoggedOp { id, kind: OpKind::Flush, offset: 0, len: 0, epoch, acked: false });
             epoch += 1;
             since_flush = 0;
             continue;
@@ -144,15 +150,13 @@ fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
             start -= start % 8;
         }
         let kind = if rng.random_ratio(1, 12) { OpKind::Trim } else { OpKind::Write };
-        out.push(Planned {
-            op: LoggedOp {
-                id,
-                kind,
-                offset: start * SECTOR as u64,
-                len: len_sectors * SECTOR as u64,
-                epoch,
-                acked: false,
-            },
+        out.push(LoggedOp {
+            id,
+            kind,
+            offset: start * SECTOR as u64,
+            len: len_sectors * SECTOR as u64,
+            epoch,
+            acked: false,
         });
     }
     out

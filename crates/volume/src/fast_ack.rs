@@ -193,6 +193,11 @@ impl FastAck {
     }
 
     /// Undurable writes, and the bytes they hold (for status and tests).
+    /// Acknowledged writes not yet durable that overlap the range.
+    pub fn cached(&self, offset: u64, len: u64) -> Vec<(u64, Data)> {
+        self.lock().cache.snapshot(offset, len)
+    }
+
     pub fn outstanding(&self) -> (u64, u64) {
         let st = self.lock();
         (st.out_writes, st.out_bytes)

@@ -40,6 +40,13 @@ pub trait BlobIo: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<Vec<Bytes>, IoError>>;
     /// Unmaps the range: reads as zeros, space reusable. Durable on `Ok`.
     fn trim(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<(), IoError>>;
+    /// Which `CHUNK_SIZE` chunks of the tract hold data (bit i, LSB first;
+    /// missing bits are holes). A store that cannot tell reports every
+    /// chunk as data, which is always safe.
+    fn mapped(&self, _tract: u64) -> BoxFuture<'static, Result<Vec<u8>, IoError>> {
+        let chunks = (self.tract_size() / blizzard_core::limits::CHUNK_SIZE) as usize;
+        async move { Ok(vec![0xff; chunks.div_ceil(8)]) }.boxed()
+    }
 }
 
 /// The real blob store.
@@ -73,6 +80,11 @@ impl BlobIo for ClientBlobIo {
     fn extend_to(&self, tracts: u64) -> BoxFuture<'static, Result<u64, IoError>> {
         let b = self.blob.clone();
         async move { Ok(b.extend_to(tracts).await?) }.boxed()
+    }
+
+    fn mapped(&self, tract: u64) -> BoxFuture<'static, Result<Vec<u8>, IoError>> {
+        let b = self.blob.clone();
+        async move { Ok(b.mapped(tract).await?) }.boxed()
     }
 
     fn write(&self, tract: u64, offset: u32, data: Bytes) -> BoxFuture<'static, Result<(), IoError>> {

@@ -25,7 +25,7 @@ pub mod volume;
 
 pub use io::{BlobIo, ClientBlobIo, IoError};
 pub use superblock::{CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError};
-pub use volume::{Volume, VolumeSpec};
+pub use volume::{AllocExtent, Allocation, Volume, VolumeSpec};
 
 /// Bugs planted on purpose so tests can show the crash checker catches
 /// them. Only tests and `blizzard crashcheck --plant` set one.

@@ -54,6 +54,64 @@ impl VolumeSpec {
     }
 }
 
+/// What a range of the volume holds (see [`Volume::allocation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocation {
+    /// May hold written data.
+    Data,
+    /// Unallocated: reads as zeros and uses no space.
+    Zero,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocExtent {
+    pub len: u64,
+    pub state: Allocation,
+}
+
+/// Most bytes one `Volume::allocation` call describes.
+pub const ALLOCATION_SPAN_MAX: u64 = 1 << 30;
+
+/// Consecutive `[start, end)` runs, each data or not, in volume order.
+#[derive(Default)]
+struct Runs(Vec<(u64, u64, bool)>);
+
+impl Runs {
+    /// Appends a run after the last one, merging equal neighbours.
+    fn push(&mut self, start: u64, end: u64, data: bool) {
+        if start >= end {
+            return;
+        }
+        match self.0.last_mut() {
+            Some(last) if last.1 == start && last.2 == data => last.1 = end,
+            _ => self.0.push((start, end, data)),
+        }
+    }
+
+    /// Sets `[start, end)` (inside the runs) to `data`.
+    fn paint(&mut self, start: u64, end: u64, data: bool) {
+        let mut out = Runs::default();
+        for &(a, b, d) in &self.0 {
+            out.push(a, b.min(start).max(a), d);
+            if a < end && start < b {
+                out.push(a.max(start), b.min(end), data);
+            }
+            out.push(a.max(end).min(b), b, d);
+        }
+        *self = out;
+    }
+
+    fn into_extents(self) -> Vec<AllocExtent> {
+        self.0
+            .into_iter()
+            .map(|(a, b, d)| AllocExtent {
+                len: b - a,
+                state: if d { Allocation::Data } else { Allocation::Zero },
+            })
+            .collect()
+    }
+}
+
 /// Default striping unit: large enough that a sequential 1 MiB request is
 /// 16 blob operations, small enough that 4 KiB random I/O stays in one.
 pub const BLOCK_SIZE_DEFAULT: u32 = 64 << 10;
@@ -286,6 +344,64 @@ impl Volume {
             Engine::FastAck(f) => f.flush(durable).await,
             Engine::Log(l) => l.flush(durable).await,
         }
+    }
+
+    /// What `[offset, offset + len)` holds, as consecutive extents from
+    /// `offset`: `Data` where something may have been written, `Zero`
+    /// where the range is unallocated and reads as zeros (NBD's
+    /// `base:allocation`, so copies can skip holes). Covers the whole range
+    /// up to `ALLOCATION_SPAN_MAX` bytes; callers ask again for the rest.
+    /// Reporting data for a hole is allowed, the reverse never: acknowledged
+    /// writes not yet durable count as data (zeros for trims).
+    pub async fn allocation(&self, offset: u64, len: u64) -> Result<Vec<AllocExtent>, VolumeError> {
+        self.check(offset, len)?;
+        let len = len.min(ALLOCATION_SPAN_MAX);
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let mut runs = Runs::default();
+        let cached = match &self.engine {
+            Engine::WriteThrough | Engine::FastAck(_) => {
+                let pieces = self.striping.pieces(offset, len);
+                let tracts: std::collections::BTreeSet<u64> = pieces.iter().map(|p| p.tract).collect();
+                let maps = futures::future::join_all(tracts.iter().map(|&t| self.io.mapped(t))).await;
+                let mut bitmaps = std::collections::HashMap::new();
+                for (t, m) in tracts.into_iter().zip(maps) {
+                    bitmaps.insert(t, m?);
+                }
+                let chunk = blizzard_core::limits::CHUNK_SIZE as u64;
+                for p in &pieces {
+                    let bm = bitmaps.get(&p.tract).map(Vec::as_slice).unwrap_or(&[]);
+                    let (mut at, end) = (p.offset as u64, p.offset as u64 + p.len as u64);
+                    while at < end {
+                        let c = at / chunk;
+                        let next = ((c + 1) * chunk).min(end);
+                        let data = bm.get((c / 8) as usize).is_some_and(|b| b >> (c % 8) & 1 == 1);
+                        let vol_at = offset + p.buf_at as u64 + (at - p.offset as u64);
+                        runs.push(vol_at, vol_at + (next - at), data);
+                        at = next;
+                    }
+                }
+                match &self.engine {
+                    Engine::FastAck(f) => f.cached(offset, len),
+                    _ => Vec::new(),
+                }
+            }
+            Engine::Log(l) => {
+                let bs = self.sb.block_size as u64;
+                let (mapped, cached) = l.allocation(offset, len);
+                let first = offset / bs;
+                for (i, m) in mapped.into_iter().enumerate() {
+                    let b = (first + i as u64) * bs;
+                    runs.push(b.max(offset), (b + bs).min(offset + len), m);
+                }
+                cached
+            }
+        };
+        for (at, d) in &cached {
+            runs.paint(*at, *at + d.len(), matches!(d, Data::Bytes(_)));
+        }
+        Ok(runs.into_extents())
     }
 
     /// Undurable writes and bytes (0 in write-through mode).

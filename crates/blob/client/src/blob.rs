@@ -328,6 +328,57 @@ impl Blob {
         self.on_all_replicas(tract, |addr| Request::TrimTract { addr, offset, len }).await
     }
 
+    /// Which 4 KiB chunks of a tract hold written data (bit i, LSB first,
+    /// is chunk i; an empty bitmap means none). The union over the row's
+    /// replicas, so a chunk any replica holds counts as data: callers use
+    /// it to skip holes, and over-reporting data is always safe.
+    pub async fn mapped(&self, tract: u64) -> Result<Vec<u8>, ClientError> {
+        self.check_size(tract).await?;
+        let r = self.replication() as usize;
+        let _permit = self.client.permit().await?;
+        let c = &self.client;
+        let attempts = c.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = c.tlt();
+            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
+            let req = Request::MappedTract { addr: self.addr(tract, row.version) };
+            let calls = row.members.iter().take(r).map(|&m| {
+                let addr = tlt.members[m as usize].addr.clone();
+                let req = &req;
+                async move { (addr.clone(), c.inner.pool.call(&addr, req, Bytes::new()).await) }
+            });
+            let mut union: Vec<u8> = Vec::new();
+            let mut retry = false;
+            for (addr, res) in futures::future::join_all(calls).await {
+                match res {
+                    Ok((Reply::Mapped { bitmap }, _)) => {
+                        if union.len() < bitmap.len() {
+                            union.resize(bitmap.len(), 0);
+                        }
+                        for (u, b) in union.iter_mut().zip(&bitmap) {
+                            *u |= b;
+                        }
+                    }
+                    Ok((other, _)) => last = format!("unexpected reply {other:?} from {addr}"),
+                    Err(e) => {
+                        last = e.to_string();
+                        match classify(&e) {
+                            Next::Fail(err) => return Err(err),
+                            _ => retry = true,
+                        }
+                    }
+                }
+            }
+            if !retry {
+                return Ok(union);
+            }
+            let _ = c.refresh_tlt(tlt.version).await;
+            c.backoff(attempt).await;
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+
     /// Frees a tract on every replica (used when deleting the blob).
     pub(crate) async fn delete_tract(&self, tract: u64) -> Result<(), ClientError> {
         self.on_all_replicas(tract, |addr| Request::DeleteTract { addr }).await

@@ -18,6 +18,7 @@ pub enum Opcode {
     ReadTract = 0x0102,
     DeleteTract = 0x0103,
     TrimTract = 0x0104,
+    MappedTract = 0x0105,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -38,12 +39,13 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 18] = [
+    pub const ALL: [Opcode; 19] = [
         Opcode::Ping,
         Opcode::WriteTract,
         Opcode::ReadTract,
         Opcode::DeleteTract,
         Opcode::TrimTract,
+        Opcode::MappedTract,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -301,6 +303,11 @@ pub enum Request {
         offset: u32,
         len: u32,
     },
+    /// Which chunks of the tract hold written data (the rest read as
+    /// zeros): lets readers and copiers skip holes.
+    MappedTract {
+        addr: TractAddr,
+    },
     CreateBlob {
         blob: BlobId,
         row_version: u64,
@@ -362,6 +369,7 @@ impl Request {
             Request::ReadTract { .. } => Opcode::ReadTract,
             Request::DeleteTract { .. } => Opcode::DeleteTract,
             Request::TrimTract { .. } => Opcode::TrimTract,
+            Request::MappedTract { .. } => Opcode::MappedTract,
             Request::CreateBlob { .. } => Opcode::CreateBlob,
             Request::ExtendBlob { .. } => Opcode::ExtendBlob,
             Request::DeleteBlob { .. } => Opcode::DeleteBlob,
@@ -392,7 +400,7 @@ impl Request {
                 offset.put(&mut w);
                 len.put(&mut w);
             }
-            Request::DeleteTract { addr } => addr.put(&mut w),
+            Request::DeleteTract { addr } | Request::MappedTract { addr } => addr.put(&mut w),
             Request::TrimTract { addr, offset, len } => {
                 addr.put(&mut w);
                 offset.put(&mut w);
@@ -449,6 +457,7 @@ impl Request {
                 Request::ReadTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
             }
             Opcode::DeleteTract => Request::DeleteTract { addr: Wire::get(r)? },
+            Opcode::MappedTract => Request::MappedTract { addr: Wire::get(r)? },
             Opcode::TrimTract => {
                 Request::TrimTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
             }
@@ -605,6 +614,11 @@ pub enum Reply {
     Read {
         crcs: Vec<u32>,
     },
+    /// Bit i (LSB first) set: chunk i of the tract holds written data.
+    /// Empty when the tract holds none.
+    Mapped {
+        bitmap: Vec<u8>,
+    },
     Blob(BlobMeta),
     Blobs(Vec<BlobMeta>),
     Heartbeat(HeartbeatReply),
@@ -630,6 +644,7 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
             match reply {
                 Reply::Done => {}
                 Reply::Read { crcs } => crcs.put(&mut w),
+                Reply::Mapped { bitmap } => bitmap.put(&mut w),
                 Reply::Blob(m) => m.put(&mut w),
                 Reply::Blobs(v) => v.put(&mut w),
                 Reply::Heartbeat(h) => h.put(&mut w),
@@ -659,6 +674,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             | Opcode::MetaAbort
             | Opcode::AssignRows => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
+            Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
             Opcode::ListBlobs => Reply::Blobs(Wire::get(r)?),
             Opcode::CreateBlob | Opcode::ExtendBlob | Opcode::DeleteBlob | Opcode::GetBlob => {
                 Reply::Blob(Wire::get(r)?)
@@ -715,6 +731,7 @@ mod tests {
             Request::ReadTract { addr: addr(), offset: 7, len: 100 },
             Request::DeleteTract { addr: addr() },
             Request::TrimTract { addr: addr(), offset: 4096, len: 8192 },
+            Request::MappedTract { addr: addr() },
             Request::ListBlobs,
             Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
             Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
@@ -781,6 +798,7 @@ mod tests {
         let cases = vec![
             (Opcode::Ping, Ok(Reply::Done)),
             (Opcode::ReadTract, Ok(Reply::Read { crcs: vec![1, 2, 3] })),
+            (Opcode::MappedTract, Ok(Reply::Mapped { bitmap: vec![0b1010_0001, 0, 0xff] })),
             (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
             (Opcode::GetTlt, Ok(Reply::Tlt(None))),
             (

@@ -18,7 +18,7 @@ use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Repl
 use blizzard_rpc::{serve, RpcConn, ServerLimits, Shutdown, ShutdownHandle};
 
 use crate::layout::LayoutError;
-use crate::service::{RowIndex, TractService};
+use crate::service::{InjectedDisk, RowIndex, TractService};
 use crate::store::{Store, StoreError};
 
 #[derive(Clone, Debug)]
@@ -37,6 +37,10 @@ pub struct TractServerConfig {
     pub request_timeout: Duration,
     /// Delay injected before each tract read and write (benchmarks only).
     pub io_delay: Duration,
+    /// Requests that may sit in the injected delay at once (0: no limit).
+    pub io_arms: u32,
+    /// Bytes per second the injected disk transfers (0: no limit).
+    pub io_bandwidth: u64,
     pub limits: ServerLimits,
     /// A bug planted on purpose (simulator and tests only).
     #[doc(hidden)]
@@ -55,6 +59,8 @@ impl TractServerConfig {
             heartbeat_interval: Duration::from_millis(500),
             request_timeout: Duration::from_secs(10),
             io_delay: Duration::ZERO,
+            io_arms: 0,
+            io_bandwidth: 0,
             limits: ServerLimits::default(),
             planted_bug: crate::store::PlantedBug::None,
         }
@@ -131,6 +137,11 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         TractService::new(env.clone(), store.clone(), cfg.meta.clone(), RowIndex::new(me, assignment));
     service.request_timeout = cfg.request_timeout;
     service.io_delay = cfg.io_delay;
+    service.io_bandwidth = cfg.io_bandwidth;
+    service.io_disk = std::sync::Mutex::new(InjectedDisk {
+        arms_free_at: vec![None; cfg.io_arms as usize],
+        pipe_free_at: None,
+    });
     let service = Arc::new(service);
     let metas =
         service.load_metas().await.map_err(|error| TractServerError::Store { path: path.clone(), error })?;

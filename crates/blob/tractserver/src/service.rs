@@ -94,6 +94,15 @@ struct Prepared {
     new: Option<BlobMeta>,
 }
 
+/// The booking state of the injected disk (see `injected_delay`).
+#[derive(Default)]
+pub struct InjectedDisk {
+    /// When each arm is next free; empty means unlimited arms.
+    pub arms_free_at: Vec<Option<blizzard_env::Instant>>,
+    /// When the shared transfer pipe is next free (unlimited arms).
+    pub pipe_free_at: Option<blizzard_env::Instant>,
+}
+
 pub struct TractService {
     pub env: Env,
     pub store: Arc<Store>,
@@ -104,6 +113,9 @@ pub struct TractService {
     /// Injected delay before every tract read and write: stands in for a
     /// remote disk's seek and network time in benchmarks.
     pub io_delay: Duration,
+    /// Bytes per second of the injected disk's transfer (0: unlimited).
+    pub io_bandwidth: u64,
+    pub io_disk: Mutex<InjectedDisk>,
     metas: Mutex<HashMap<BlobId, BlobMeta>>,
     prepared: Mutex<HashMap<BlobId, Prepared>>,
     blob_locks: Mutex<HashMap<BlobId, Arc<tokio::sync::Mutex<()>>>>,
@@ -164,6 +176,8 @@ impl TractService {
             meta_addr,
             request_timeout: Duration::from_secs(10),
             io_delay: Duration::ZERO,
+            io_bandwidth: 0,
+            io_disk: Mutex::new(InjectedDisk::default()),
             metas: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
             blob_locks: Mutex::new(HashMap::new()),
@@ -228,6 +242,47 @@ impl TractService {
         self.check(a.blob, a.tract, a.row_version).map(|_| ())
     }
 
+    /// The benchmarks' stand-in for a remote disk: a fixed latency per
+    /// request (seek and network), then the transfer at `io_bandwidth`.
+    /// With arms, a request occupies one arm for its latency and transfer,
+    /// so requests beyond the arm count queue as they do at a disk; without,
+    /// latencies overlap and transfers share one pipe. Each request books
+    /// its interval on a virtual timeline and sleeps once until its end, so
+    /// timer granularity does not accumulate across queued requests.
+    async fn injected_delay(&self, len: u64) {
+        if self.io_delay.is_zero() && self.io_bandwidth == 0 {
+            return;
+        }
+        let transfer = match self.io_bandwidth {
+            0 => Duration::ZERO,
+            bw => Duration::from_secs_f64(len as f64 / bw as f64),
+        };
+        let now = self.env.now();
+        let end = {
+            let mut d = self.io_disk.lock().unwrap_or_else(|p| p.into_inner());
+            if d.arms_free_at.is_empty() {
+                let start = d.pipe_free_at.map_or(now + self.io_delay, |t| t.max(now + self.io_delay));
+                d.pipe_free_at = Some(start + transfer);
+                start + transfer
+            } else {
+                let (i, free) = d
+                    .arms_free_at
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, t)| **t)
+                    .map(|(i, t)| (i, *t))
+                    .unwrap_or((0, None));
+                let start = free.map_or(now, |t| t.max(now));
+                let end = start + self.io_delay + transfer;
+                d.arms_free_at[i] = Some(end);
+                end
+            }
+        };
+        if end > now {
+            self.env.sleep(end - now).await;
+        }
+    }
+
     async fn handle(self: Arc<Self>, req: Request, data: Bytes) -> (Result<Reply, ErrorReply>, Bytes) {
         match req {
             Request::Ping => (Ok(Reply::Done), Bytes::new()),
@@ -235,9 +290,7 @@ impl TractService {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
                 }
-                if !self.io_delay.is_zero() {
-                    self.env.sleep(self.io_delay).await;
-                }
+                self.injected_delay(data.len() as u64).await;
                 let r = self
                     .store
                     .write(addr.blob, addr.incarnation, addr.tract, addr.row_version, offset, data, &crcs)
@@ -248,9 +301,7 @@ impl TractService {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
                 }
-                if !self.io_delay.is_zero() {
-                    self.env.sleep(self.io_delay).await;
-                }
+                self.injected_delay(len as u64).await;
                 match self.store.read(addr.blob, addr.incarnation, addr.tract, offset, len).await {
                     Ok((data, crcs)) => (Ok(Reply::Read { crcs }), data),
                     Err(e) => (Err(store_err(e)), Bytes::new()),
@@ -262,6 +313,13 @@ impl TractService {
                 }
                 let r = self.store.delete(addr.blob, addr.incarnation, addr.tract).await;
                 (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+            }
+            Request::MappedTract { addr } => {
+                if let Err(e) = self.data_check(&addr) {
+                    return (Err(e), Bytes::new());
+                }
+                let bitmap = self.store.mapped(addr.blob, addr.incarnation, addr.tract).await;
+                (Ok(Reply::Mapped { bitmap }), Bytes::new())
             }
             Request::TrimTract { addr, offset, len } => {
                 if let Err(e) = self.data_check(&addr) {

@@ -329,6 +329,36 @@ impl Store {
         (g.entry.used && g.entry.blob == blob && g.entry.tract == tract).then_some(g.entry.incarnation)
     }
 
+    /// Which chunks of a tract hold written data: bit i (LSB first) of the
+    /// bitmap is chunk i. Empty when the tract holds nothing here.
+    pub async fn mapped(&self, blob: BlobId, incarnation: Incarnation, tract: TractNo) -> Vec<u8> {
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Vec::new() };
+        let Some(cell) = self.slots.get(slot as usize) else { return Vec::new() };
+        let g = cell.read().await;
+        let gen = g.entry.generation;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+            || gen == 0
+        {
+            return Vec::new();
+        }
+        let mut bitmap = vec![0u8; g.chunks.len().div_ceil(8)];
+        let mut any = false;
+        for (i, e) in g.chunks.iter().enumerate() {
+            if e.generation == gen {
+                bitmap[i / 8] |= 1 << (i % 8);
+                any = true;
+            }
+        }
+        if any {
+            bitmap
+        } else {
+            Vec::new()
+        }
+    }
+
     fn check_range(&self, offset: u32, len: u32) -> Result<(), StoreError> {
         let ts = self.layout.tract_size;
         if len == 0 || offset as u64 + len as u64 > ts as u64 {

@@ -240,6 +240,18 @@ impl LogEngine {
     }
 
     /// Undurable writes and bytes.
+    /// For each virtual block in `first..first + count`: whether the
+    /// applied block map holds it, and the acknowledged writes not yet
+    /// applied that overlap the byte range `[offset, offset + len)`.
+    pub fn allocation(&self, offset: u64, len: u64) -> (Vec<bool>, Vec<(u64, Data)>) {
+        let bs = self.bs();
+        let st = self.lock();
+        let first = offset / bs;
+        let last = (offset + len - 1) / bs;
+        let mapped = (first..=last).map(|v| st.map.get(v as usize).is_some_and(|&p| p != UNMAPPED)).collect();
+        (mapped, st.cache.snapshot(offset, len))
+    }
+
     pub fn outstanding(&self) -> (u64, u64) {
         let st = self.lock();
         (st.window.len() as u64, st.out_bytes)

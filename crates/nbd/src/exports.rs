@@ -1,0 +1,98 @@
+//! Which volumes the server exports, and the registry that keeps exactly
+//! one open [`Volume`] per export.
+//!
+//! One instance per export is a correctness requirement, not an
+//! optimisation: fast-ack and log volumes keep acknowledged writes in
+//! memory, so two instances on one blob would not see each other's writes,
+//! and a FLUSH on one connection must cover writes completed on every
+//! connection (what `NBD_FLAG_CAN_MULTI_CONN` promises). Volumes are opened
+//! on first use and stay open until [`Registry::flush_all`] at shutdown.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::OnceCell;
+
+use blizzard_client::Client;
+use blizzard_env::Env;
+use blizzard_volume::{manage, Volume, VolumeError};
+
+/// The set of exports: names, and how to open one.
+pub trait Exports: Send + Sync + 'static {
+    /// Every export's name (for NBD_OPT_LIST).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>>;
+    /// Opens the export called `name` (`VolumeError::NotFound` if there is
+    /// none). The registry calls it at most once per name at a time.
+    fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>>;
+}
+
+/// Every volume of a cluster, by name.
+pub struct ClientExports {
+    env: Env,
+    client: Client,
+}
+
+impl ClientExports {
+    pub fn new(env: Env, client: Client) -> Arc<ClientExports> {
+        Arc::new(ClientExports { env, client })
+    }
+}
+
+impl Exports for ClientExports {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
+        async move { Ok(manage::list(&self.client).await?.into_iter().map(|sb| sb.name).collect()) }.boxed()
+    }
+
+    fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
+        manage::open(self.env.clone(), &self.client, name).boxed()
+    }
+}
+
+type Slot = Arc<OnceCell<Arc<Volume>>>;
+
+/// Open volumes by name, shared by every connection of a server.
+pub(crate) struct Registry {
+    exports: Arc<dyn Exports>,
+    // BTreeMap: shutdown flushes in a deterministic order.
+    open: Mutex<BTreeMap<String, Slot>>,
+}
+
+impl Registry {
+    pub(crate) fn new(exports: Arc<dyn Exports>) -> Registry {
+        Registry { exports, open: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Slot>> {
+        // A panic while holding this lock cannot leave the map half-updated
+        // (each critical section is one insert or remove), so poisoning
+        // carries no information.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) async fn list(&self) -> Result<Vec<String>, VolumeError> {
+        self.exports.list().await
+    }
+
+    /// The open volume called `name`, opening it on first use. Concurrent
+    /// first uses wait for one open.
+    pub(crate) async fn get(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
+        let slot = self.lock().entry(name.to_string()).or_default().clone();
+        let r = slot.get_or_try_init(|| async { self.exports.open(name).await.map(Arc::new) }).await.cloned();
+        if r.is_err() {
+            // Forget a failed name so probing unknown names cannot grow the
+            // map; a later attempt opens afresh.
+            let mut m = self.lock();
+            if m.get(name).is_some_and(|s| Arc::ptr_eq(s, &slot) && !s.initialized()) {
+                m.remove(name);
+            }
+        }
+        r
+    }
+
+    /// Every open volume, by name.
+    pub(crate) fn opened(&self) -> Vec<(String, Arc<Volume>)> {
+        self.lock().iter().filter_map(|(n, s)| s.get().map(|v| (n.clone(), v.clone()))).collect()
+    }
+}

@@ -1,0 +1,349 @@
+//! Fixed newstyle negotiation: the greeting, the client's flags, then
+//! options until NBD_OPT_GO succeeds, NBD_OPT_EXPORT_NAME names an export,
+//! or the client aborts.
+//!
+//! Rules kept here (NBD `doc/proto.md`, "Handshake" and "Option types"):
+//! - the server answers every option except EXPORT_NAME with one or more
+//!   replies ending in ACK or an error, and never fails to parse the next
+//!   option after an unknown one (its length lets us skip it);
+//! - EXPORT_NAME cannot return an error, so an unknown export ends the
+//!   session (a hard disconnect);
+//! - SET_META_CONTEXT replaces the selection even when it fails, and the
+//!   selection counts only if it named the export finally chosen;
+//! - each client message must arrive within `handshake_timeout`, and an
+//!   option's data is bounded by `OPTION_LEN_MAX` before it is read.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tracing::{debug, warn};
+
+use blizzard_volume::{CommitMode, Volume, VolumeError};
+
+use crate::proto::*;
+use crate::server::{ConnError, Shared};
+
+/// The context id handed out for `base:allocation` (any value works; the
+/// client treats it as opaque).
+pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
+
+/// The outcome of a successful negotiation.
+pub(crate) struct Negotiated {
+    pub(crate) name: String,
+    pub(crate) volume: Arc<Volume>,
+    pub(crate) session: Session,
+}
+
+/// Transmission flags for an export. DF only when structured replies were
+/// negotiated (the spec: MUST leave it clear otherwise). Never READ_ONLY.
+pub(crate) fn transmission_flags(structured: bool) -> u16 {
+    let mut f = NBD_FLAG_HAS_FLAGS
+        | NBD_FLAG_SEND_FLUSH
+        | NBD_FLAG_SEND_FUA
+        | NBD_FLAG_SEND_TRIM
+        | NBD_FLAG_SEND_WRITE_ZEROES
+        // Write zeroes without NO_HOLE unmaps (or records zeros), which is
+        // cheaper than writing the bytes; with NO_HOLE it fails fast.
+        | NBD_FLAG_SEND_FAST_ZERO
+        // One shared Volume per export: a FLUSH or FUA on any connection
+        // covers writes completed on all of them.
+        | NBD_FLAG_CAN_MULTI_CONN;
+    if structured {
+        f |= NBD_FLAG_SEND_DF;
+    }
+    f
+}
+
+/// The preferred block size: the smallest write that avoids a
+/// read-modify-write. Write-through and fast-ack volumes merge partial
+/// writes per 4 KiB chunk on the tractservers; a log volume logs whole
+/// volume blocks, so its block size is what avoids a merge (capped at
+/// 64 KiB so clients do not inflate small writes).
+pub(crate) fn preferred_block_size(v: &Volume) -> u32 {
+    match v.superblock().mode {
+        CommitMode::Log => v.block_size().clamp(4096, 64 << 10),
+        CommitMode::WriteThrough | CommitMode::FastAck => 4096,
+    }
+}
+
+fn description(name: &str, v: &Volume) -> String {
+    let sb = v.superblock();
+    format!(
+        "blizzard volume {name}: {} bytes, {} commit, {} flush, {}-byte blocks, {} replicas",
+        sb.size_bytes,
+        sb.mode.name(),
+        sb.flush.name(),
+        sb.block_size,
+        sb.replication
+    )
+}
+
+struct Haggle<'a, S> {
+    s: &'a mut S,
+    shared: &'a Shared,
+    peer: &'a str,
+    structured: bool,
+    /// The last SET_META_CONTEXT: the export it named (resolved) and whether
+    /// it selected `base:allocation`.
+    meta: Option<(String, bool)>,
+}
+
+/// Runs the handshake on `s`. `Ok(None)`: the client aborted (a soft
+/// disconnect).
+pub(crate) async fn negotiate<S>(
+    s: &mut S,
+    shared: &Shared,
+    peer: &str,
+) -> Result<Option<Negotiated>, ConnError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    s.write_all(&encode_greeting()).await?;
+    s.flush().await?;
+    let mut h = Haggle { s, shared, peer, structured: false, meta: None };
+    let mut flags = [0u8; 4];
+    h.read_exact(&mut flags).await?;
+    let cf =
+        decode_client_flags(u32::from_be_bytes(flags)).map_err(|e| ConnError::Protocol(e.to_string()))?;
+    loop {
+        let mut hdr = [0u8; OPTION_HEADER_LEN];
+        h.read_exact(&mut hdr).await?;
+        let hdr =
+            decode_option_header(&hdr).map_err(|e| ConnError::Protocol(format!("option header: {e}")))?;
+        if hdr.len > OPTION_LEN_MAX {
+            // Too large to buffer, and skipping it would let a client make
+            // us read gigabytes: say why (where a reply is possible), then
+            // hang up.
+            if hdr.option != NBD_OPT_EXPORT_NAME {
+                let msg = format!("option data of {} bytes exceeds {OPTION_LEN_MAX}", hdr.len);
+                h.reply(hdr.option, NBD_REP_ERR_TOO_BIG, message_bytes(&msg)).await?;
+            }
+            return Err(ConnError::Protocol(format!("option {} with {} bytes of data", hdr.option, hdr.len)));
+        }
+        let mut data = vec![0u8; hdr.len as usize];
+        h.read_exact(&mut data).await?;
+        let opt = match decode_option(hdr.option, &data) {
+            Ok(o) => o,
+            Err(e) if hdr.option == NBD_OPT_EXPORT_NAME => {
+                return Err(ConnError::Protocol(format!("NBD_OPT_EXPORT_NAME: {e}")));
+            }
+            Err(e) => {
+                warn!(peer = %h.peer, option = hdr.option, error = %e, "malformed NBD option");
+                h.reply(hdr.option, NBD_REP_ERR_INVALID, message_bytes(&e.0)).await?;
+                continue;
+            }
+        };
+        debug!(peer = %h.peer, option = ?opt, "NBD option");
+        if let Some(done) = h.option(opt, cf.no_zeroes).await? {
+            return Ok(done);
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
+    /// Reads exactly `buf` from the client, within the handshake timeout,
+    /// unless the server is stopping.
+    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ConnError> {
+        let t = self.shared.cfg.handshake_timeout;
+        tokio::select! {
+            biased;
+            _ = self.shared.shutdown.wait() => Err(ConnError::Shutdown),
+            r = self.shared.env.timeout(t, self.s.read_exact(buf)) => match r {
+                Err(_) => Err(ConnError::Timeout(t)),
+                Ok(Err(e)) => Err(e.into()),
+                Ok(Ok(_)) => Ok(()),
+            },
+        }
+    }
+
+    async fn reply(&mut self, option: u32, reply_type: u32, data: &[u8]) -> Result<(), ConnError> {
+        self.s.write_all(&encode_option_reply(option, reply_type, data)).await?;
+        self.s.flush().await?;
+        Ok(())
+    }
+
+    async fn error(&mut self, option: u32, reply_type: u32, msg: &str) -> Result<(), ConnError> {
+        self.reply(option, reply_type, message_bytes(msg)).await
+    }
+
+    /// The export a client's name refers to: the empty name is the
+    /// configured default.
+    fn resolve(&self, name: &str) -> Option<String> {
+        if name.is_empty() {
+            self.shared.cfg.default_export.clone()
+        } else {
+            Some(name.to_string())
+        }
+    }
+
+    /// Opens the export `name` names, or answers the option with the error
+    /// (`None`).
+    async fn export(&mut self, option: u32, name: &str) -> Result<Option<(String, Arc<Volume>)>, ConnError> {
+        let Some(resolved) = self.resolve(name) else {
+            self.error(option, NBD_REP_ERR_UNKNOWN, "this server has no default export; name one").await?;
+            return Ok(None);
+        };
+        match self.shared.registry.get(&resolved).await {
+            Ok(v) => Ok(Some((resolved, v))),
+            Err(e) => {
+                if !matches!(e, VolumeError::NotFound(_)) {
+                    warn!(peer = %self.peer, export = %resolved, error = %e, "cannot open volume");
+                }
+                // "The requested export is not available" covers both a
+                // missing volume and one that cannot be opened now; the
+                // message tells which.
+                self.error(option, NBD_REP_ERR_UNKNOWN, &e.to_string()).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn session(&self, name: &str, v: &Volume) -> Session {
+        let selected = matches!(&self.meta, Some((n, true)) if n == name);
+        Session {
+            size: v.size(),
+            structured: self.structured,
+            base_allocation: selected.then_some(BASE_ALLOCATION_ID),
+        }
+    }
+
+    /// Handles one option. `Some(..)` ends the negotiation.
+    async fn option(
+        &mut self,
+        opt: ClientOption,
+        no_zeroes: bool,
+    ) -> Result<Option<Option<Negotiated>>, ConnError> {
+        let code = opt.code();
+        match opt {
+            ClientOption::ExportName(name) => {
+                let Some(resolved) = self.resolve(&name) else {
+                    return Err(ConnError::Export { name, reason: "no default export".into() });
+                };
+                let volume = match self.shared.registry.get(&resolved).await {
+                    Ok(v) => v,
+                    Err(e) => return Err(ConnError::Export { name: resolved, reason: e.to_string() }),
+                };
+                let session = self.session(&resolved, &volume);
+                let flags = transmission_flags(session.structured);
+                self.s.write_all(&encode_export_name_reply(session.size, flags, no_zeroes)).await?;
+                self.s.flush().await?;
+                Ok(Some(Some(Negotiated { name: resolved, volume, session })))
+            }
+            ClientOption::Abort => {
+                // The client may already have gone; that is fine.
+                let _ = self.reply(code, NBD_REP_ACK, &[]).await;
+                Ok(Some(None))
+            }
+            ClientOption::List => {
+                match self.shared.registry.list().await {
+                    Ok(names) => {
+                        for n in names {
+                            self.reply(code, NBD_REP_SERVER, &encode_rep_server(&n, "")).await?;
+                        }
+                        self.reply(code, NBD_REP_ACK, &[]).await?;
+                    }
+                    Err(e) => {
+                        // No reply type fits "the cluster cannot be listed
+                        // right now"; PLATFORM with the reason is closest.
+                        warn!(peer = %self.peer, error = %e, "cannot list volumes");
+                        self.error(code, NBD_REP_ERR_PLATFORM, &format!("cannot list volumes: {e}")).await?;
+                    }
+                }
+                Ok(None)
+            }
+            ClientOption::StartTls => {
+                self.error(code, NBD_REP_ERR_UNSUP, "this server does not support TLS").await?;
+                Ok(None)
+            }
+            ClientOption::Info(req) | ClientOption::Go(req) => {
+                let Some((name, volume)) = self.export(code, &req.name).await? else {
+                    return Ok(None);
+                };
+                let session = self.session(&name, &volume);
+                let flags = transmission_flags(session.structured);
+                self.reply(code, NBD_REP_INFO, &encode_info_export(session.size, flags)).await?;
+                if req.info.contains(&NBD_INFO_NAME) {
+                    self.reply(code, NBD_REP_INFO, &encode_info_string(NBD_INFO_NAME, &name)).await?;
+                }
+                if req.info.contains(&NBD_INFO_DESCRIPTION) {
+                    let d = description(&name, &volume);
+                    self.reply(code, NBD_REP_INFO, &encode_info_string(NBD_INFO_DESCRIPTION, &d)).await?;
+                }
+                // Sent whether asked or not: the values are the spec's
+                // defaults (minimum 1, maximum 2^25), so a client that did
+                // not ask loses nothing, and one that did learns the
+                // preferred size.
+                let bs = encode_info_block_size(BLOCK_SIZE_MIN, preferred_block_size(&volume), PAYLOAD_MAX);
+                self.reply(code, NBD_REP_INFO, &bs).await?;
+                self.reply(code, NBD_REP_ACK, &[]).await?;
+                if code == NBD_OPT_GO {
+                    return Ok(Some(Some(Negotiated { name, volume, session })));
+                }
+                Ok(None)
+            }
+            ClientOption::StructuredReply => {
+                self.structured = true;
+                self.reply(code, NBD_REP_ACK, &[]).await?;
+                Ok(None)
+            }
+            ClientOption::ListMetaContext(m) => {
+                if self.export(code, &m.export).await?.is_none() {
+                    return Ok(None);
+                }
+                // No queries lists everything; `base:` is the namespace's
+                // wildcard; queries in other namespaces are ignored.
+                let listed =
+                    m.queries.is_empty() || m.queries.iter().any(|q| q == "base:" || q == BASE_ALLOCATION);
+                if listed {
+                    // The id in LIST replies is reserved: zero.
+                    self.reply(code, NBD_REP_META_CONTEXT, &encode_meta_context(0, BASE_ALLOCATION)).await?;
+                }
+                self.reply(code, NBD_REP_ACK, &[]).await?;
+                Ok(None)
+            }
+            ClientOption::SetMetaContext(m) => {
+                // Replaces the previous selection even if it fails.
+                self.meta = None;
+                if !self.structured {
+                    let msg = "NBD_OPT_SET_META_CONTEXT needs structured replies first";
+                    self.error(code, NBD_REP_ERR_INVALID, msg).await?;
+                    return Ok(None);
+                }
+                let Some((name, _)) = self.export(code, &m.export).await? else {
+                    return Ok(None);
+                };
+                // Only the exact name selects; `base:` must be ignored here,
+                // and unknown contexts are not errors.
+                let selected = m.queries.iter().any(|q| q == BASE_ALLOCATION);
+                if selected {
+                    let d = encode_meta_context(BASE_ALLOCATION_ID, BASE_ALLOCATION);
+                    self.reply(code, NBD_REP_META_CONTEXT, &d).await?;
+                }
+                self.reply(code, NBD_REP_ACK, &[]).await?;
+                self.meta = Some((name, selected));
+                Ok(None)
+            }
+            ClientOption::Unsupported(o) => {
+                self.error(o, NBD_REP_ERR_UNSUP, &format!("option {o} is not supported")).await?;
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The advertised flags: everything implemented, DF only with
+    /// structured replies, never read-only.
+    #[test]
+    fn flags() {
+        let f = transmission_flags(false);
+        assert_eq!(f & NBD_FLAG_SEND_DF, 0);
+        assert_eq!(f & NBD_FLAG_READ_ONLY, 0);
+        assert_ne!(f & NBD_FLAG_CAN_MULTI_CONN, 0);
+        assert_ne!(transmission_flags(true) & NBD_FLAG_SEND_DF, 0);
+        assert_ne!(f & NBD_FLAG_HAS_FLAGS, 0);
+    }
+}
