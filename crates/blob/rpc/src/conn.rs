@@ -179,7 +179,9 @@ async fn writer_task(wr: tokio::io::WriteHalf<BoxStream>, rx: mpsc::Receiver<Out
     shared.fail_all();
 }
 
-async fn reader_task(mut rd: tokio::io::ReadHalf<BoxStream>, shared: Arc<Shared>) {
+async fn reader_task(rd: tokio::io::ReadHalf<BoxStream>, shared: Arc<Shared>) {
+    // Buffered: a small reply's parts arrive in one read system call.
+    let mut rd = tokio::io::BufReader::with_capacity(crate::frame_io::READ_BUFFER, rd);
     loop {
         let frame = match read_frame(&mut rd).await {
             Ok(f) => f,

@@ -6,6 +6,11 @@ use tokio::sync::mpsc;
 
 use blizzard_proto::{FrameError, FrameHeader, HEADER_LEN};
 
+/// Read buffer per connection. Reads at least this large bypass it (tokio's
+/// `BufReader` hands them to the stream directly), so tract-sized data
+/// still lands in its aligned buffer without a copy.
+pub(crate) const READ_BUFFER: usize = 64 << 10;
+
 /// A frame as read off the wire: header checked, meta CRC checked.
 #[derive(Debug)]
 pub struct Frame {

@@ -21,7 +21,7 @@ use blizzard_proto::{
     encode_response, ErrorCode, ErrorReply, FrameHeader, FrameKind, Opcode, Reply, Request,
 };
 
-use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError};
+use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError, READ_BUFFER};
 
 /// A request handler. Each call runs as its own task.
 pub trait Service: Send + Sync + 'static {
@@ -176,7 +176,10 @@ pub async fn serve_conn(
     limits: ServerLimits,
     mut shutdown: Shutdown,
 ) {
-    let (mut rd, wr) = tokio::io::split(stream);
+    let (rd, wr) = tokio::io::split(stream);
+    // Buffered: a small request's header, meta and data arrive in one
+    // read system call instead of three.
+    let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
     let (tx, rx) = mpsc::channel::<Outgoing>(limits.inflight_requests_max.max(1));
     let writer = tokio::spawn(write_queued(wr, rx));
     let budget_bytes = limits.inflight_bytes_max.max(2 * FRAME_BYTES_MAX);
