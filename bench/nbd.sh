@@ -12,9 +12,12 @@
 #   FLUSH_ROW=1     add a row "4 KiB random write QD1, flush after each"
 #                   (the only row where the flush policies differ)
 #   PERF=1          after the measured rows of bz-wt, run the 4 KiB random
-#                   write QD32 and random read QD32 rows again under
-#                   `perf record -g -p PID` (and `perf stat`); reports go to
-#                   $PERF_OUT/nbd-perf-*.txt (default /tmp)
+#                   write QD32 and random read QD32 rows again, twice each:
+#                   under `perf stat` (context switches, syscalls per op),
+#                   then under `perf record -g -p PID`; reports go to
+#                   $PERF_OUT/nbd-perf-*.txt (default /tmp), perf.data to
+#                   RESULTS. PERF_CALLGRAPH=dwarf records DWARF call chains
+#                   (user-space callers; the binary has no frame pointers).
 #   RESULTS=DIR     where fio's JSON, the server logs and the table are kept
 #                   (default: a new /tmp/nbd-bench.XXXXXX)
 #   CARGO_TARGET_DIR  where the blizzard binary is built (default target)
@@ -38,6 +41,11 @@
 # server defers past the acknowledgment (fast-ack's destaging) is charged to
 # the row that caused it. fio's own CPU per operation is shown too: at QD32
 # client, server and kernel share the machine's 2 cores.
+#
+# fio runs without --direct: the nbd engine has no client-side cache. On the
+# server side the baselines serve 4 KiB reads from the page cache (the whole
+# working set fits), while blizzard's tractservers read tract data with
+# O_DIRECT: every blizzard read reaches the (virtio) disk.
 #
 # Needs root (drop_caches, perf); installs fio, qemu-utils, nbdkit and
 # libnbd-bin if missing. Prints a markdown table for docs/benchmarks.md.
@@ -84,10 +92,15 @@ if [ "$PERF" = 1 ]; then command -v perf >/dev/null || { echo "PERF=1 needs perf
 
 cargo build --release -q -p blizzard-cli
 [ -x "$BIN" ] || { echo "no $BIN after the build" >&2; exit 1; }
+BIN=$(realpath "$BIN")
 
 if [ $# -ge 1 ]; then mkdir -p "$1"; DIR=$(mktemp -d "$1/nbd-bench.XXXXXX"); else DIR=$(mktemp -d /var/tmp/nbd-bench.XXXXXX); fi
 RESULTS=${RESULTS:-$(mktemp -d /tmp/nbd-bench.XXXXXX)}
 mkdir -p "$RESULTS"
+RESULTS=$(realpath "$RESULTS")
+PERF_OUT=$(realpath "$PERF_OUT")
+# fio and perf drop files in their working directory: not in the source tree.
+cd "$DIR"
 TSV=$RESULTS/results.tsv
 : > "$TSV"
 
@@ -178,11 +191,12 @@ start_server() { # name file-or-dir port
     *) echo "unknown server $name (want qemu-nbd nbdkit bz-wt bz-fa bz-fa-ordered)" >&2; exit 1 ;;
     esac
     echo "${SERVER_CMD[*]}" > "$RESULTS/$name.cmd"
+    : > "$SERVER_LOG"
     "${SERVER_CMD[@]}" > "$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     if [[ $name == bz-* ]]; then
         local deadline=$((SECONDS + 180))
-        until grep -q 'Ctrl-C (or SIGTERM) stops it cleanly' "$SERVER_LOG"; do
+        until grep -qs 'Ctrl-C (or SIGTERM) stops it cleanly' "$SERVER_LOG"; do
             kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died while starting; log:" >&2; tail -30 "$SERVER_LOG" >&2; exit 1; }
             [ $SECONDS -lt "$deadline" ] || { echo "blizzard up not ready after 180 s" >&2; exit 1; }
             sleep 0.2
@@ -234,7 +248,7 @@ fio_cmd() { # uri rw bs qd [extra...]: the fio command for one row
 parse_fio() { # json -> ops iops MB/s p99_us fio_cpu_us_per_op
     python3 - "$1" <<'EOF'
 import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]
+t = open(sys.argv[1]).read(); j = json.loads(t[t.index("{"):])["jobs"][0]
 if j.get("error"):
     sys.exit(f"fio job error {j['error']}")
 k = "read" if j["read"]["total_ios"] else "write"
@@ -255,7 +269,11 @@ run_row() { # server-name uri row-spec
     fio_cmd "$uri" "$rw" "$bs" "$qd" $extra
     local json=$RESULTS/$srv.$name.json before after tail
     before=$(cpu_ticks "$SERVER_PID")
-    "${FIO_CMD[@]}" > "$json"
+    # A hung server must not hang the benchmark.
+    timeout -k 10 $((RUNTIME + 120)) "${FIO_CMD[@]}" > "$json" || {
+        echo "fio failed or timed out ($srv $name); see $json and $SERVER_LOG" >&2
+        exit 1
+    }
     tail=$(settle "$SERVER_PID")
     after=$(cpu_ticks "$SERVER_PID")
     local vals ops iops mbps p99 fiocpu cpu_us
@@ -271,54 +289,184 @@ run_row() { # server-name uri row-spec
 # (fio's crc32c verify headers in every 1 MiB block).
 prefill() { # server-name uri
     local json=$RESULTS/$1.prefill.json
-    fio --name=prefill --ioengine=nbd "--uri=$2" --rw=write --bs=1m --iodepth=8 "--size=$SIZE_B" \
-        --verify=crc32c --do_verify=1 --end_fsync=1 --output-format=json > "$json" || {
+    timeout -k 10 1800 fio --name=prefill --ioengine=nbd "--uri=$2" --rw=write --bs=1m --iodepth=8 "--size=$SIZE_B" \
+        --verify=crc32c --do_verify=1 --verify_state_save=0 --end_fsync=1 --output-format=json > "$json" || {
         echo "prefill/verify of $1 failed; see $json" >&2
         echo "$1	prefill-verify	failed" >> "$RESULTS/problems.tsv"
         return 1
     }
     python3 - "$json" <<'EOF' >&2
 import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]
+t = open(sys.argv[1]).read(); j = json.loads(t[t.index("{"):])["jobs"][0]
 print(f"  prefill: {j['write']['bw_bytes']/1e6:.0f} MB/s write, {j['read']['bw_bytes']/1e6:.0f} MB/s verify read, error={j['error']}")
 EOF
     settle "$SERVER_PID" > /dev/null
 }
 
+# Syscalls counted per operation while profiling.
+PERF_SYSCALLS="futex epoll_wait epoll_pwait epoll_pwait2 read write readv writev recvfrom sendto recvmsg sendmsg
+    pread64 pwrite64 preadv pwritev preadv2 pwritev2 fdatasync fsync io_uring_enter sched_yield madvise mmap munmap
+    mprotect clock_nanosleep"
+
+# perf stat -x, output -> counts per fio operation.
+perf_stat_per_op() { # stat-file ops
+    python3 - "$1" "$2" <<'EOF'
+import sys
+ops = int(sys.argv[2])
+rows, sc = [], []
+for line in open(sys.argv[1]):
+    f = line.strip().split(",")
+    if len(f) < 3 or line.startswith("#") or not f[0] or f[0].startswith("<"):
+        continue
+    v, ev = float(f[0]), f[2]
+    if ev.startswith("syscalls:sys_enter_"):
+        if v:
+            sc.append((v, ev[len("syscalls:sys_enter_"):]))
+    elif ev == "task-clock":
+        rows.append(f"server CPU (task-clock)    {v * 1000 / ops:9.1f} µs/op   ({v / 1000:.2f} s over {ops} ops)")
+    elif ev == "raw_syscalls:sys_enter":
+        rows.append(f"syscalls (all)             {v / ops:9.2f} /op")
+    else:
+        rows.append(f"{ev:26} {v / ops:9.2f} /op")
+print("\n".join(rows))
+print("syscalls by name (/op):    " + ", ".join(f"{n} {v / ops:.2f}" for v, n in sorted(sc, reverse=True)))
+EOF
+}
+
+# Where the samples went, by kind: the syscall a kernel sample is under (from
+# its kernel call chain), interrupts, or the user-space leaf's library or crate.
+perf_categories() { # perf.data cpu_us_per_op
+    perf script -i "$1" -F comm,tid,period,ip,sym,dso 2>/dev/null | python3 -c '
+import collections, re, sys
+cpu_per_op = float(sys.argv[1])
+cats, frames, total = collections.Counter(), [], 0
+IRQ = ("asm_common_interrupt", "asm_sysvec_", "__irq_exit_rcu", "irqentry_exit", "asm_exc_page_fault")
+def classify(fr):
+    if not fr:
+        return "unknown"
+    sym, dso = fr[0]
+    if dso.startswith("[kernel"):
+        for s, _ in fr:
+            m = re.match(r"__(?:x64|ia32|do)_sys_(\w+)", s)
+            if m:
+                return "kernel: syscall " + m.group(1)
+        for s, _ in fr:
+            if s.startswith("asm_exc_page_fault"):
+                return "kernel: page faults"
+            if s.startswith(IRQ):
+                return "kernel: interrupts, softirq, preemption (no syscall)"
+        if any(s.startswith("entry_SYSCALL_64") for s, _ in fr):
+            # Preempted or rescheduled on the way out of a syscall: the
+            # sys_* frame is gone; name the user-space wrapper instead.
+            user = next((s for s, d in fr if not d.startswith("[kernel")), "?")
+            user = "syscall() (futex)" if user == "syscall" else user
+            return "kernel: syscall return (reschedule) from " + user
+        return "kernel: other"
+    if re.search(r"(^|[^a-z])_?mi_|mimalloc", sym):
+        return "user: mimalloc"
+    if re.search(r"mem(move|cpy|set|cmp)", sym):
+        return "user: libc mem* (copies, zeroing)"
+    if "crc32c" in sym:
+        return "user: CRC32C"
+    if "libc" in dso:
+        return "user: libc (syscall wrappers etc.)"
+    m = re.search(r"blizzard_(\w+)", sym)
+    if m:
+        return "user: blizzard_" + m.group(1)
+    for pre, name in (("tokio", "tokio runtime"), ("mio", "mio"), ("futures", "futures"), ("bytes", "bytes"),
+                      ("std::", "std/core/alloc"), ("core::", "std/core/alloc"), ("alloc::", "std/core/alloc")):
+        if re.match(r"<?" + re.escape(pre), sym):
+            return "user: " + name
+    return "user: other"
+def flush():
+    global frames, total
+    if hdr is not None:
+        cats[classify(frames)] += hdr
+        total += hdr
+    frames = []
+hdr = None
+for line in sys.stdin:
+    if not line.strip():
+        flush(); hdr = None
+        continue
+    if not line[0].isspace():
+        flush()
+        m = re.search(r"\s(\d+)\s*$", line.split(":")[-1]) or re.search(r"\s(\d+)\s", line)
+        hdr = int(m.group(1)) if m else 1
+        continue
+    m = re.match(r"\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$", line)
+    if m:
+        frames.append((m.group(1), m.group(2)))
+flush()
+kernel = sum(v for k, v in cats.items() if k.startswith("kernel"))
+print(f"samples: kernel {100 * kernel / total:.1f}%, user {100 * (total - kernel) / total:.1f}%")
+print("  share   µs/op  category")
+for k, v in cats.most_common():
+    if v / total >= 0.002:
+        print(f"{100 * v / total:6.1f}% {cpu_per_op * v / total:7.1f}  {k}")
+' "$2" || true
+}
+
+PERF_CALLGRAPH=${PERF_CALLGRAPH:-fp}
 profile_rows() { # server-name uri: the QD32 4 KiB rows again, under perf
-    local srv=$1 uri=$2 spec name rw bs qd
+    report() { perf report -i "$data" --no-children --stdio "$@" 2>/dev/null | grep -v '^$' || true; }
+    local srv=$1 uri=$2 spec name rw bs qd events sc
+    local cg=(-g)
+    # shellcheck disable=SC2054  # "dwarf,16384" is one argument
+    [ "$PERF_CALLGRAPH" = dwarf ] && cg=(--call-graph dwarf,16384 -F 1000)
+    events=task-clock,context-switches,cpu-migrations,page-faults,raw_syscalls:sys_enter
+    for sc in $PERF_SYSCALLS; do events+=",syscalls:sys_enter_$sc"; done
     for spec in "4k-randwrite-qd32|randwrite|4k|32" "4k-randread-qd32|randread|4k|32"; do
         IFS='|' read -r name rw bs qd _ <<<"$spec"
         local tag=${name#4k-}; tag=${tag%-qd32}-qd32-${srv#bz-}
+        [ "$PERF_CALLGRAPH" = dwarf ] && tag+=-dwarf
         local data=$RESULTS/perf-$tag.data rpt=$PERF_OUT/nbd-perf-$tag.txt stat=$RESULTS/perf-$tag.stat
         fio_cmd "$uri" "$rw" "$bs" "$qd"
-        perf record -g -o "$data" -p "$SERVER_PID" > "$RESULTS/perf-$tag.record.log" 2>&1 &
-        local rec=$!
-        perf stat -e task-clock,context-switches,cpu-migrations,page-faults -p "$SERVER_PID" -o "$stat" &
+        # Counters first (cheap; their own pass, so the sampling below does
+        # not inflate them), then the sampled profile, each a full row.
+        perf stat -x, -e "$events" -p "$SERVER_PID" -o "$stat" &
         local st=$!
-        sleep 0.5
-        "${FIO_CMD[@]}" > "$RESULTS/$srv.$name.perf.json"
-        kill -INT "$rec" "$st"
-        wait "$rec" || true
-        wait "$st" || true
+        sleep 0.3
+        "${FIO_CMD[@]}" > "$RESULTS/$srv.$name.perfstat.json"
+        kill -INT "$st"; wait "$st" || true
         settle "$SERVER_PID" > /dev/null
-        local ops
-        ops=$(parse_fio "$RESULTS/$srv.$name.perf.json" | cut -d' ' -f1)
+        perf record "${cg[@]}" -o "$data" -p "$SERVER_PID" > "$RESULTS/perf-$tag.record.log" 2>&1 &
+        local rec=$!
+        sleep 0.3
+        "${FIO_CMD[@]}" > "$RESULTS/$srv.$name.perf.json"
+        kill -INT "$rec"; wait "$rec" || true
+        settle "$SERVER_PID" > /dev/null
+        local sops rops vals cpu_per_op
+        sops=$(parse_fio "$RESULTS/$srv.$name.perfstat.json" | cut -d' ' -f1)
+        vals=$(parse_fio "$RESULTS/$srv.$name.perf.json")
+        rops=${vals%% *}
+        # CPU per op of the sampled pass, for the µs column of the categories.
+        cpu_per_op=$(perf report -i "$data" --stdio --sort dso -g none 2>/dev/null |
+            sed -n 's/^# Event count (approx.): \([0-9]*\).*/\1/p' | head -1)
+        cpu_per_op=$(python3 -c "print(${cpu_per_op:-0} / 1e3 / $rops)")
         {
-            echo "# $srv $name under perf: ${FIO_CMD[*]}"
-            echo "# fio ops: $ops"
-            echo "## perf stat (whole server process, while fio ran)"
-            cat "$stat"
+            echo "# $srv $name: ${FIO_CMD[*]}"
+            echo "# pass 1 (perf stat): $sops ops; pass 2 (perf record ${cg[*]}): $rops ops, $(cut -d' ' -f2 <<<"$vals" | xargs printf '%.0f') IOPS"
+            echo "# events are cpu-clock (no PMU in this VM): samples that fall while interrupts are"
+            echo "# off land on the next irq-enable, so finish_task_switch and *_unlock_irqrestore"
+            echo "# stand for context switches and wake-ups (incl. IPIs and virtio kicks that exit to the host)."
+            echo
+            echo "## per operation (perf stat, whole server process, pass 1)"
+            perf_stat_per_op "$stat" "$sops"
+            echo
+            echo "## CPU by category (pass 2 samples; µs/op = share x sampled CPU per op)"
+            perf_categories "$data" "$cpu_per_op"
+            echo
             echo "## perf report --no-children --sort sym"
-            perf report -i "$data" --no-children --sort sym --stdio -g none 2>/dev/null | grep -v '^$' | head -80
+            report --sort sym -g none | sed -n '1,80p'
             echo "## perf report --no-children --sort dso"
-            perf report -i "$data" --no-children --sort dso --stdio -g none 2>/dev/null | grep -v '^$' | head -30
-            echo "## perf report --no-children --sort comm"
-            perf report -i "$data" --no-children --sort comm --stdio -g none 2>/dev/null | grep -v '^$' | head -30
-            echo "## perf report --no-children --sort sym, with callers (-g caller)"
-            perf report -i "$data" --no-children --sort sym --stdio -g caller,0.5,callee --percent-limit 1 2>/dev/null | head -600
+            report --sort dso -g none | sed -n '1,30p'
+            echo "## perf report --no-children --sort pid (threads)"
+            report --sort pid -g none | sed -n '1,40p'
+            echo "## perf report --no-children --sort sym, call chains (-g caller, 0.5%)"
+            report --sort sym -g caller,0.5,callee --percent-limit 1 | sed -n '1,800p'
         } > "$rpt"
-        echo "  perf: $rpt ($srv $name, $ops ops)" >&2
+        echo "  perf: $rpt ($srv $name)" >&2
     done
 }
 

@@ -54,6 +54,9 @@ struct Args {
     /// Transfer rate of each tractserver's injected disk (0: unlimited).
     #[arg(long, default_value = "0", value_parser = size_arg)]
     disk_bandwidth: u64,
+    /// Tractservers on unix sockets instead of TCP loopback.
+    #[arg(long)]
+    unix_sockets: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -162,6 +165,7 @@ impl Bench {
         cfg.io_delay = delay;
         cfg.io_arms = a.arms;
         cfg.io_bandwidth = a.disk_bandwidth;
+        cfg.unix_sockets = a.unix_sockets;
         let env = Env::real();
         let cluster = Cluster::start(env.clone(), cfg).await.context("starting the embedded cluster")?;
         let client = cluster.client().await?;

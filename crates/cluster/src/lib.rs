@@ -26,6 +26,10 @@ pub struct ClusterConfig {
     pub meta_listen: String,
     /// Host the tractservers listen on (each on a free port).
     pub host: String,
+    /// Tractservers listen on unix sockets in the data directory instead
+    /// (`ts-N.sock`): everything is on this machine, and a unix socket
+    /// costs less per message than TCP loopback.
+    pub unix_sockets: bool,
     pub heartbeat_interval: Duration,
     /// Delay injected into each tract read and write (benchmarks).
     pub io_delay: Duration,
@@ -45,6 +49,7 @@ impl ClusterConfig {
             disk_size: 2 << 30,
             meta_listen: "127.0.0.1:0".into(),
             host: "127.0.0.1".into(),
+            unix_sockets: false,
             heartbeat_interval: Duration::from_millis(200),
             io_delay: Duration::ZERO,
             io_arms: 0,
@@ -104,6 +109,13 @@ impl Cluster {
         self.cfg.data_dir.join(format!("ts-{i}.disk"))
     }
 
+    /// Where tractserver `i` listens when `unix_sockets` is set; `None` also
+    /// when the path would be too long for a socket address (108 bytes).
+    fn socket_path(&self, i: usize) -> Option<PathBuf> {
+        let p = self.cfg.data_dir.join(format!("ts-{i}.sock"));
+        (self.cfg.unix_sockets && p.as_os_str().len() < 100).then_some(p)
+    }
+
     pub fn tractserver(&self, i: usize) -> Option<&TractServerHandle> {
         self.tractservers.get(i).and_then(|t| t.as_ref())
     }
@@ -118,8 +130,11 @@ impl Cluster {
 
     /// Starts (or restarts) tractserver `i` on its disk.
     pub async fn start_tractserver(&mut self, i: usize) -> Result<(), ClusterError> {
-        let mut t =
-            TractServerConfig::new(self.disk_path(i), format!("{}:0", self.cfg.host), self.meta_addr.clone());
+        let listen = match self.socket_path(i) {
+            Some(p) => format!("unix:{}", p.display()),
+            None => format!("{}:0", self.cfg.host),
+        };
+        let mut t = TractServerConfig::new(self.disk_path(i), listen, self.meta_addr.clone());
         t.disk_size = Some(self.cfg.disk_size);
         t.failure_domain = format!("ts-{i}");
         t.heartbeat_interval = self.cfg.heartbeat_interval;

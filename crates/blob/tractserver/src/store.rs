@@ -935,6 +935,7 @@ mod tests {
         let b = raw.read_at(at, 1).await?;
         raw.write_at(vec![(at, Bytes::from(vec![b[0] ^ 0x04]))]).await?;
         raw.sync().await?;
+        drop(raw); // one owner per disk (flock)
         let s = reopen(&dir).await?;
         assert!(matches!(get(&s, 1, 1, 3, 0, TRACT).await, Err(StoreError::Corrupt { chunk: 3, .. })));
         // Chunks not touched by the flip still read.
