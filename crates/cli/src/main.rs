@@ -26,12 +26,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(name = "blizzard", version, about = "blizzard: a cloud-scale virtual block store")]
 struct Cli {
-    /// Threads running the async work. 1 runs everything on one thread,
-    /// with no hand-offs between threads: the cheapest per small request
-    /// when client, NBD server and tractservers share a machine. 0 means
-    /// one per core.
-    #[arg(long, global = true, default_value_t = 1)]
-    threads: usize,
+    /// Threads running the async work; 0 means one per core. Defaults to 1
+    /// for `up` (everything on one thread, no hand-offs between threads:
+    /// the cheapest per small request when client, NBD server and
+    /// tractservers share a machine) and to one per core otherwise.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -279,7 +279,11 @@ fn init_logging() {
 fn main() -> std::process::ExitCode {
     init_logging();
     let cli = Cli::parse();
-    let runtime = match cli.threads {
+    let threads = cli.threads.unwrap_or(match cli.cmd {
+        Cmd::Up { .. } => 1,
+        _ => 0,
+    });
+    let runtime = match threads {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => {
             let mut b = tokio::runtime::Builder::new_multi_thread();

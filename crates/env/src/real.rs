@@ -219,10 +219,27 @@ impl Disk for RealDisk {
 
     fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Bytes>> {
         let file = self.file.clone();
-        let direct = self.direct.clone().filter(|_| direct_ok(offset, len));
+        let small = len <= INLINE_WRITE_MAX;
+        // Small reads go through the page cache (where small writes are),
+        // large ones around it.
+        let direct = self.direct.clone().filter(|_| !small && direct_ok(offset, len));
         let disk_len = self.len;
         async move {
             check_range(offset, len as u64, disk_len)?;
+            if small {
+                // Cached data is copied right here; only a read that would
+                // wait for the device goes to the blocking pool.
+                let mut buf = aligned_buffer(len);
+                buf.resize(len, 0);
+                let mut bufs = [io::IoSliceMut::new(&mut buf)];
+                if let Ok(n) =
+                    rustix::io::preadv2(&*file, &mut bufs, offset, rustix::io::ReadWriteFlags::NOWAIT)
+                {
+                    if n == len {
+                        return Ok(buf.freeze());
+                    }
+                }
+            }
             tokio::task::spawn_blocking(move || {
                 let mut buf = aligned_buffer(len);
                 buf.resize(len, 0);

@@ -55,6 +55,9 @@ struct State {
     issue_epoch: u64,
     queue: VecDeque<Op>,
     inflight: BTreeMap<u64, Flight>,
+    /// The in-flight ranges by offset (start → end). They never overlap:
+    /// `pump` holds back a write that overlaps one in flight.
+    inflight_ranges: BTreeMap<u64, u64>,
     inflight_per_epoch: BTreeMap<u64, usize>,
     cache: WriteCache,
     next_seq: u64,
@@ -69,7 +72,13 @@ pub struct FastAck {
     limits: ExposureLimits,
     planted: PlantedBug,
     state: Mutex<State>,
+    /// Epochs retired (flushes wait on it).
     changed: Notify,
+    /// A write became durable, so there may be room under the exposure
+    /// limits. Woken one waiter at a time: each admitted writer passes it
+    /// on while room remains, so a completion does not wake every waiting
+    /// writer at once.
+    room: Notify,
 }
 
 /// Pause between retries of a write the blob store refused: it was already
@@ -93,6 +102,7 @@ impl FastAck {
             planted,
             state: Mutex::new(State::default()),
             changed: Notify::new(),
+            room: Notify::new(),
         })
     }
 
@@ -103,9 +113,12 @@ impl FastAck {
         }
     }
 
+    /// When the oldest undurable write was acknowledged. Sequence numbers
+    /// follow acknowledgment order, so it is the first of the queue or of
+    /// the in-flight map.
     fn oldest(st: &State) -> Option<Instant> {
-        let q = st.queue.iter().map(|o| o.acked_at).min();
-        let f = st.inflight.values().map(|f| f.acked_at).min();
+        let q = st.queue.front().map(|o| o.acked_at);
+        let f = st.inflight.values().next().map(|f| f.acked_at);
         match (q, f) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -117,7 +130,7 @@ impl FastAck {
     pub async fn write(self: &Arc<Self>, offset: u64, data: Data) -> Result<(), VolumeError> {
         let len = data.len();
         loop {
-            let notified = self.changed.notified();
+            let notified = self.room.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let wait = {
@@ -149,9 +162,14 @@ impl FastAck {
             st.out_bytes += len;
             st.out_writes += 1;
             st.queue.push_back(Op { seq, epoch, offset, data, acked_at: self.env.now() });
-            self.pump(&mut st)
+            let room = st.out_writes < self.limits.writes_max as u64 && st.out_bytes < self.limits.bytes_max;
+            (self.pump(&mut st), room)
         };
+        let (issue, room) = issue;
         self.spawn(issue);
+        if room {
+            self.room.notify_one();
+        }
         Ok(())
     }
 
@@ -221,11 +239,16 @@ impl FastAck {
         while let Some(front) = st.queue.front() {
             let allowed = front.epoch == st.issue_epoch || self.planted == PlantedBug::IssueAcrossEpochs;
             let (a, b) = (front.offset, front.offset + front.data.len());
-            let overlaps = st.inflight.values().any(|f| f.offset < b && a < f.offset + f.len);
+            // In-flight ranges are disjoint, so only the last one starting
+            // before `b` can overlap [a, b).
+            let overlaps = st.inflight_ranges.range(..b).next_back().is_some_and(|(_, &end)| end > a);
             if !allowed || overlaps {
                 break;
             }
             let Some(op) = st.queue.pop_front() else { break };
+            if !op.data.is_empty() {
+                st.inflight_ranges.insert(op.offset, op.offset + op.data.len());
+            }
             st.inflight.insert(
                 op.seq,
                 Flight { epoch: op.epoch, offset: op.offset, len: op.data.len(), acked_at: op.acked_at },
@@ -258,6 +281,9 @@ impl FastAck {
         let issue = {
             let mut st = self.lock();
             let Some(f) = st.inflight.remove(&seq) else { return };
+            if st.inflight_ranges.get(&f.offset) == Some(&(f.offset + f.len)) {
+                st.inflight_ranges.remove(&f.offset);
+            }
             st.cache.remove_owned(f.offset, f.len, seq);
             if let Some(n) = st.inflight_per_epoch.get_mut(&f.epoch) {
                 *n = n.saturating_sub(1);
@@ -269,5 +295,6 @@ impl FastAck {
         };
         self.spawn(issue);
         self.changed.notify_waiters();
+        self.room.notify_one();
     }
 }

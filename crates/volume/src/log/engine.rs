@@ -267,7 +267,8 @@ impl LogEngine {
                 let st = self.lock();
                 let now = self.env.now();
                 let age_max = Duration::from_millis(self.limits.age_ms_max as u64);
-                let oldest = st.window.values().map(|p| p.acked_at).min();
+                // LSNs are assigned in acknowledgment order: the first is the oldest.
+                let oldest = st.window.values().next().map(|p| p.acked_at);
                 let too_old = oldest.is_some_and(|t| now.duration_since(t) >= age_max);
                 let n = st.window.len() as u64;
                 let busy = n > 0
