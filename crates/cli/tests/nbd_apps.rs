@@ -1001,17 +1001,9 @@ fn ext4_sqlite_crash_fast_ack() {
     ext4_sqlite_and_crash("fast-ack", true);
 }
 
-/// Log mode runs the clean round only. Known defect, open in the virtual
-/// disk issue: a SIGKILL of the whole `blizzard up` (tractservers
-/// included) can land between a tract's data write and its chunk-CRC write;
-/// the overwritten chunk then reads as `Corrupt`, and with one replica the
-/// log's roll-forward stops with that error instead of ending the log
-/// there, so the volume cannot be opened. Crash consistency of log volumes
-/// is covered meanwhile by `blizzard crashcheck` and by `crash_sigkill.rs`
-/// (client killed, tractservers alive).
 #[test]
-fn ext4_sqlite_log() {
-    ext4_sqlite_and_crash("log", false);
+fn ext4_sqlite_crash_log() {
+    ext4_sqlite_and_crash("log", true);
 }
 
 /// fio's nbd engine (libnbd, no kernel, no root): 256 MiB of 4 KiB random

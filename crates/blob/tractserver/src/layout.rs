@@ -24,11 +24,12 @@ use blizzard_core::limits::{tract_size_valid, CHUNK_SIZE};
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZTRACT";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: chunk entries keep the previous CRC (16 bytes each).
+pub const FORMAT_VERSION: u32 = 2;
 pub const SUPERBLOCK_LEN: u64 = 4096;
 pub const POSITIONS_SLOT_LEN: u64 = 1 << 20;
 pub const SLOT_ENTRY_LEN: u64 = 64;
-pub const CHUNK_ENTRY_LEN: u64 = 8;
+pub const CHUNK_ENTRY_LEN: u64 = 16;
 const SLOT_MAGIC: u32 = u32::from_le_bytes(*b"SLOT");
 const POSITIONS_MAGIC: u32 = u32::from_le_bytes(*b"BLZP");
 /// Regions start on this boundary so data I/O stays page-aligned.
@@ -300,22 +301,41 @@ pub struct ChunkEntry {
     pub crc: u32,
     /// Slot generation the chunk was written under; 0 = never.
     pub generation: u32,
+    /// CRC of the chunk's contents before the write that set `crc`, valid
+    /// when `prev_generation == generation`. An overwrite stores this entry
+    /// before its data, so a crash between the two leaves the old bytes
+    /// readable under `prev_crc` instead of unreadable.
+    pub prev_crc: u32,
+    pub prev_generation: u32,
 }
 
 impl ChunkEntry {
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.crc.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&self.prev_crc.to_le_bytes());
+        out.extend_from_slice(&self.prev_generation.to_le_bytes());
     }
 
     pub fn decode(b: &[u8]) -> ChunkEntry {
-        if b.len() < 8 {
+        if b.len() < CHUNK_ENTRY_LEN as usize {
             return ChunkEntry::default();
         }
-        ChunkEntry {
-            crc: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            generation: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
-        }
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        ChunkEntry { crc: u(0), generation: u(4), prev_crc: u(8), prev_generation: u(12) }
+    }
+
+    /// Whether `crc` is a CRC these bytes may legitimately have: the
+    /// latest write's, or, if that write was cut off before its data, the
+    /// one before it.
+    pub fn accepts(&self, crc: u32) -> bool {
+        crc == self.crc || (self.prev_generation == self.generation && crc == self.prev_crc)
+    }
+
+    /// The entry after a crash-interrupted write was found to have left
+    /// the previous contents: they are the chunk's contents now.
+    pub fn settled_to(&self, crc: u32) -> ChunkEntry {
+        ChunkEntry { crc, generation: self.generation, prev_crc: 0, prev_generation: 0 }
     }
 }
 

@@ -30,11 +30,14 @@
 //! | slot entry damaged (CRC)                  | quarantined: never reused; logged |
 //! | two used entries for one tract            | higher `alloc_seq` wins, other freed |
 //! | chunk entry generation != slot generation | chunk unwritten (reads as zeros)  |
-//! | chunk CRC mismatch at read                | `Corrupt` (client reads another replica) |
+//! | chunk bytes match the entry's previous CRC | the write was cut off before its data: old contents |
+//! | chunk bytes match neither CRC             | `Corrupt` (client reads another replica) |
 //!
-//! A crash in the middle of an unacknowledged overwrite can leave a chunk
-//! whose bytes and CRC disagree; it reads as `Corrupt` and the client uses
-//! another replica (re-replication and scrubbing repair it, FDS §3).
+//! A process killed in the middle of a write leaves every chunk old or new:
+//! first writes put data before the chunk entry, overwrites put the entry
+//! (with the previous CRC) before the data (see `write`). Power loss can
+//! reorder the page cache's writes; a chunk torn that way reads as
+//! `Corrupt` and the client uses another replica (design 0002).
 
 use std::collections::HashMap;
 use std::io;
@@ -419,20 +422,29 @@ impl Store {
     }
 
     /// Reads chunk `chunk` of a slot, verified; zeros if never written.
-    async fn read_chunk_verified(&self, slot: u32, st: &SlotState, chunk: u32) -> Result<Bytes, StoreError> {
+    /// A chunk's current bytes, verified, with the CRC they have (the
+    /// latest write's, or the one before if that write was cut off before
+    /// its data). Unwritten chunks are zeros.
+    async fn read_chunk_verified(
+        &self,
+        slot: u32,
+        st: &SlotState,
+        chunk: u32,
+    ) -> Result<(Bytes, u32), StoreError> {
         let e = st.chunks.get(chunk as usize).copied().unwrap_or_default();
         if e.generation != st.entry.generation || e.generation == 0 {
-            return Ok(Bytes::from(vec![0u8; CHUNK_SIZE as usize]));
+            return Ok((Bytes::from(vec![0u8; CHUNK_SIZE as usize]), zeros_crc(CHUNK_SIZE as usize)));
         }
         let b = self
             .disk
             .read_at(self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), CHUNK_SIZE as usize)
             .await?;
-        if crc32c(&b) != e.crc {
+        let crc = crc32c(&b);
+        if !e.accepts(crc) {
             self.stats.corrupt_reads.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Corrupt { slot, chunk });
         }
-        Ok(b)
+        Ok((b, crc))
     }
 
     /// Writes `data` at `offset` in a tract. `crcs` are the writer's CRC32C
@@ -479,51 +491,83 @@ impl Store {
 
         let first_chunk = offset / CHUNK_SIZE;
         let last_chunk = (offset + len - 1) / CHUNK_SIZE;
-        let mut writes: Vec<(u64, Bytes)> = Vec::with_capacity(4);
         let mut new_entries: Vec<ChunkEntry> = Vec::with_capacity((last_chunk - first_chunk + 1) as usize);
         let generation = g.entry.generation;
+        let entry = |crc: u32, prev: Option<u32>| ChunkEntry {
+            crc,
+            generation,
+            prev_crc: prev.unwrap_or(0),
+            prev_generation: if prev.is_some() { generation } else { 0 },
+        };
 
+        // Crash safety comes from the order of the writes (the kernel keeps
+        // the order of system calls when the process dies):
+        // - a chunk written for the first time gets its data before its
+        //   entry: cut off in between, the chunk is still unwritten;
+        // - an overwritten chunk gets its entry (new CRC and the previous
+        //   one) before its data: cut off in between, the old bytes still
+        //   read under the previous CRC.
+        let mut first: Vec<(u64, Bytes)> = Vec::new();
+        let mut over: Vec<(u64, Bytes)> = Vec::new();
         // Each piece is a whole chunk (stored as is, under the writer's CRC)
         // or part of one (merged with the verified old chunk first).
-        // Consecutive whole chunks are contiguous in `data` and on disk: they
-        // go down as one write (one device I/O for a whole tract).
-        let mut run: Option<(usize, usize)> = None;
+        // Consecutive whole chunks of the same kind are contiguous in `data`
+        // and on disk: they go down as one write (one device I/O for a
+        // whole tract).
+        let mut run: Option<(bool, usize, usize)> = None;
+        let flush_run = |run: Option<(bool, usize, usize)>,
+                         first: &mut Vec<(u64, Bytes)>,
+                         over: &mut Vec<(u64, Bytes)>| {
+            if let Some((overwrite, rs, re)) = run {
+                let w = (self.layout.data_offset_of(slot, offset + rs as u32), data.slice(rs..re));
+                if overwrite {
+                    over.push(w);
+                } else {
+                    first.push(w);
+                }
+            }
+        };
         for ((s, e), &crc) in pieces(offset, len).zip(crcs) {
             let abs = offset + s as u32;
             let chunk = abs / CHUNK_SIZE;
+            let old = g.chunks.get(chunk as usize).copied().unwrap_or_default();
+            let overwrite = old.generation == generation && generation != 0;
             if e - s == CHUNK_SIZE as usize {
-                run = Some(match run {
-                    Some((rs, re)) if re == s => (rs, e),
-                    Some((rs, re)) => {
-                        writes
-                            .push((self.layout.data_offset_of(slot, offset + rs as u32), data.slice(rs..re)));
-                        (s, e)
+                run = match run {
+                    Some((ow, rs, re)) if re == s && ow == overwrite => Some((ow, rs, e)),
+                    r => {
+                        flush_run(r, &mut first, &mut over);
+                        Some((overwrite, s, e))
                     }
-                    None => (s, e),
-                });
-                new_entries.push(ChunkEntry { crc, generation });
+                };
+                new_entries.push(entry(crc, overwrite.then_some(old.crc)));
             } else {
-                let old = self.read_chunk_verified(slot, &g, chunk).await?;
+                let (old_bytes, old_crc) = self.read_chunk_verified(slot, &g, chunk).await?;
                 let at = (abs % CHUNK_SIZE) as usize;
                 // Merge into a buffer aligned for direct I/O.
                 let mut merged = blizzard_env::aligned_buffer(CHUNK_SIZE as usize);
-                merged.extend_from_slice(&old[..at]);
+                merged.extend_from_slice(&old_bytes[..at]);
                 merged.extend_from_slice(&data[s..e]);
-                merged.extend_from_slice(&old[at + (e - s)..]);
+                merged.extend_from_slice(&old_bytes[at + (e - s)..]);
                 let merged_crc = crc32c(&merged);
-                writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze()));
-                new_entries.push(ChunkEntry { crc: merged_crc, generation });
+                let w = (self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze());
+                if overwrite {
+                    over.push(w);
+                } else {
+                    first.push(w);
+                }
+                new_entries.push(entry(merged_crc, overwrite.then_some(old_crc)));
             }
         }
-        if let Some((rs, re)) = run {
-            writes.push((self.layout.data_offset_of(slot, offset + rs as u32), data.slice(rs..re)));
-        }
+        flush_run(run, &mut first, &mut over);
         debug_assert_eq!(new_entries.len(), piece_count(offset, len));
         let mut table = Vec::with_capacity(new_entries.len() * CHUNK_ENTRY_LEN as usize);
         for e in &new_entries {
             e.encode_into(&mut table);
         }
+        let mut writes = first;
         writes.push((self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
+        writes.extend(over);
         if entry_dirty {
             writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode())));
         }
@@ -584,12 +628,9 @@ impl Store {
                     && g.entry.incarnation == incarnation
                 {
                     let gen = g.entry.generation;
-                    let valid: Vec<Option<u32>> = (first_chunk..=last_chunk)
+                    let valid: Vec<Option<ChunkEntry>> = (first_chunk..=last_chunk)
                         .map(|c| {
-                            g.chunks
-                                .get(c as usize)
-                                .filter(|e| e.generation == gen && gen != 0)
-                                .map(|e| e.crc)
+                            g.chunks.get(c as usize).filter(|e| e.generation == gen && gen != 0).copied()
                         })
                         .collect();
                     if valid.iter().any(Option::is_some) {
@@ -597,14 +638,26 @@ impl Store {
                             .disk
                             .read_at(self.layout.data_offset_of(slot, span_start), span_len as usize)
                             .await?;
-                        for (i, crc) in valid.iter().enumerate() {
+                        // Each written chunk must hold what its entry allows:
+                        // the latest write, or the one before it if that
+                        // write was cut off before its data.
+                        let mut actual: Vec<Option<u32>> = Vec::with_capacity(valid.len());
+                        for (i, e) in valid.iter().enumerate() {
                             let range = i * CHUNK_SIZE as usize..(i + 1) * CHUNK_SIZE as usize;
-                            if let Some(c) = crc {
-                                if crc32c(&raw[range]) != *c {
-                                    self.stats.corrupt_reads.fetch_add(1, Ordering::Relaxed);
-                                    return Err(StoreError::Corrupt { slot, chunk: first_chunk + i as u32 });
+                            actual.push(match e {
+                                Some(e) => {
+                                    let c = crc32c(&raw[range]);
+                                    if !e.accepts(c) {
+                                        self.stats.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+                                        return Err(StoreError::Corrupt {
+                                            slot,
+                                            chunk: first_chunk + i as u32,
+                                        });
+                                    }
+                                    Some(c)
                                 }
-                            }
+                                None => None,
+                            });
                         }
                         // Chunks never written hold whatever the slot's last
                         // tenant left: they read as zeros.
@@ -619,7 +672,7 @@ impl Store {
                             }
                             m.freeze()
                         };
-                        chunk_crcs = valid;
+                        chunk_crcs = actual;
                         buf = Some(b);
                     }
                 }
@@ -688,13 +741,19 @@ impl Store {
                 // Unwritten: reads as zeros, whatever the bytes on disk say.
                 new_entries.push(ChunkEntry::default());
             } else {
-                let old = self.read_chunk_verified(slot, &g, chunk).await?;
+                let (old, old_crc) = self.read_chunk_verified(slot, &g, chunk).await?;
                 let at = (abs % CHUNK_SIZE) as usize;
                 let mut merged = blizzard_env::aligned_buffer(CHUNK_SIZE as usize);
                 merged.extend_from_slice(&old[..at]);
                 merged.resize(at + (e - s), 0);
                 merged.extend_from_slice(&old[at + (e - s)..]);
-                new_entries.push(ChunkEntry { crc: crc32c(&merged), generation });
+                // An overwrite: entry (with the previous CRC) before data.
+                new_entries.push(ChunkEntry {
+                    crc: crc32c(&merged),
+                    generation,
+                    prev_crc: old_crc,
+                    prev_generation: generation,
+                });
                 writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze()));
             }
         }
@@ -702,7 +761,7 @@ impl Store {
         for e in &new_entries {
             e.encode_into(&mut table);
         }
-        writes.push((self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
+        writes.insert(0, (self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
         for (i, e) in new_entries.into_iter().enumerate() {
             if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
                 *c = e;
@@ -848,6 +907,87 @@ mod tests {
     async fn reopen(dir: &tempfile::TempDir) -> Result<Store, StoreError> {
         let disk = Env::real().open_disk(&dir.path().join("disk"), None).await?;
         Store::open(disk).await
+    }
+
+    /// A disk whose owner is killed part-way through a write batch: after
+    /// `armed` is set, the next `write_at` applies only its first `keep`
+    /// pieces (in order, as the kernel would) and the rest never happen.
+    struct DyingDisk {
+        inner: Arc<dyn Disk>,
+        armed: std::sync::atomic::AtomicBool,
+        keep: usize,
+    }
+
+    impl Disk for DyingDisk {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read_at(
+            &self,
+            offset: u64,
+            len: usize,
+        ) -> futures::future::BoxFuture<'static, std::io::Result<Bytes>> {
+            self.inner.read_at(offset, len)
+        }
+        fn write_at(
+            &self,
+            writes: Vec<(u64, Bytes)>,
+        ) -> futures::future::BoxFuture<'static, std::io::Result<()>> {
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                let kept: Vec<_> = writes.into_iter().take(self.keep).collect();
+                let inner = self.inner.clone();
+                return Box::pin(async move {
+                    inner.write_at(kept).await?;
+                    inner.sync().await?;
+                    Err(std::io::Error::other("killed"))
+                });
+            }
+            self.inner.write_at(writes)
+        }
+        fn sync(&self) -> futures::future::BoxFuture<'static, std::io::Result<()>> {
+            self.inner.sync()
+        }
+    }
+
+    /// A process killed between the pieces of a write leaves every chunk
+    /// readable as its old or its new contents, never `Corrupt`: for
+    /// overwrites (whole and partial chunks) and for first writes, at every
+    /// cut point.
+    #[tokio::test]
+    async fn write_cut_off_part_way_reads_old_or_new() -> Result<(), StoreError> {
+        let old = pattern(1, TRACT as usize);
+        let new = pattern(2, TRACT as usize);
+        // (offset, len) of the interrupted write: whole chunks, a partial
+        // chunk, and a range that also covers never-written chunks.
+        for (off, len) in [(0u32, 16384u32), (4100, 100), (12288, 8192 + 40000)] {
+            for keep in 0..4 {
+                let dir = tempfile::tempdir()?;
+                let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+                let disk = Arc::new(DyingDisk { inner: real, armed: false.into(), keep });
+                let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+                // The old contents: the first 32 KiB written and durable.
+                put(&s, 1, 1, 3, 0, &old.slice(0..32768)).await?;
+                disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+                let piece = new.slice(off as usize..(off + len) as usize);
+                assert!(put(&s, 1, 1, 3, off, &piece).await.is_err(), "the write was cut off");
+                drop(s);
+                drop(disk);
+                let s = reopen(&dir).await?;
+                let got = get(&s, 1, 1, 3, 0, TRACT).await?;
+                let mut before = vec![0u8; TRACT as usize];
+                before[..32768].copy_from_slice(&old[..32768]);
+                let mut after = before.clone();
+                after[off as usize..(off + len) as usize].copy_from_slice(&piece);
+                for c in 0..(TRACT / CHUNK_SIZE) as usize {
+                    let r = c * CHUNK_SIZE as usize..(c + 1) * CHUNK_SIZE as usize;
+                    assert!(
+                        got[r.clone()] == before[r.clone()] || got[r.clone()] == after[r.clone()],
+                        "write [{off}, +{len}) cut after {keep} pieces: chunk {c} is neither old nor new"
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     fn pattern(seed: u8, len: usize) -> Bytes {
