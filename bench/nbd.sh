@@ -43,9 +43,9 @@
 # client, server and kernel share the machine's 2 cores.
 #
 # fio runs without --direct: the nbd engine has no client-side cache. On the
-# server side the baselines serve 4 KiB reads from the page cache (the whole
-# working set fits), while blizzard's tractservers read tract data with
-# O_DIRECT: every blizzard read reaches the (virtio) disk.
+# server side every server serves 4 KiB reads from the page cache when the
+# working set fits (blizzard's tractservers read pieces up to 64 KiB
+# through the page cache, larger ones with O_DIRECT).
 #
 # Needs root (drop_caches, perf); installs fio, qemu-utils, nbdkit and
 # libnbd-bin if missing. Prints a markdown table for docs/benchmarks.md.

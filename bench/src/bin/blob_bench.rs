@@ -18,6 +18,7 @@ use clap::Parser;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use blizzard_bench::cpu_seconds;
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::parse_size;
 use blizzard_env::Env;
@@ -52,18 +53,6 @@ struct Args {
     /// Label printed in the result lines.
     #[arg(long, default_value = "")]
     label: String,
-}
-
-/// User + system CPU time of this process, from /proc/self/stat (in clock
-/// ticks of 1/100 s, the value of CLK_TCK on Linux).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the parenthesized command name; utime and stime are the
-    // 14th and 15th fields of the whole line.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 #[tokio::main]

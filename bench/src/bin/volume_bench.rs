@@ -25,6 +25,7 @@ use clap::{Parser, Subcommand};
 use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
 
+use blizzard_bench::cpu_seconds;
 use blizzard_client::Client;
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::parse_size;
@@ -113,16 +114,6 @@ enum Cmd {
         #[arg(long, default_value = "64KiB", value_parser = size_arg)]
         block_size: u64,
     },
-}
-
-/// User + system CPU time of this process (client and tractservers), from
-/// /proc/self/stat in ticks of 1/100 s.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn mode_label(mode: CommitMode, flush: FlushPolicy) -> String {

@@ -247,22 +247,23 @@ impl Blob {
         Err(ClientError::Unavailable { attempts, last })
     }
 
-    /// Reads the range from every replica of its row, each verified end to
-    /// end: for recovery code that must know whether replicas agree (a
-    /// write that reached only some of them). One entry per replica, in row
-    /// order.
-    pub async fn read_replicas(&self, tract: u64, offset: u32, len: u32) -> Result<Vec<Bytes>, ClientError> {
-        self.check(offset, len as usize)?;
-        self.check_size(tract).await?;
+    /// Sends a request to every replica of the tract's row at once and
+    /// returns each one's reply, in row order. Retries the whole round
+    /// (after refreshing the TLT) while any replica fails in a way a retry
+    /// can mend. The caller holds a simultaneous-request permit.
+    async fn ask_every_replica(
+        &self,
+        tract: u64,
+        make: impl Fn(TractAddr) -> Request,
+    ) -> Result<Vec<(String, Reply, Bytes)>, ClientError> {
         let r = self.replication() as usize;
-        let _permit = self.client.permit().await?;
         let c = &self.client;
         let attempts = c.inner.cfg.attempts.max(1);
         let mut last = String::new();
         for attempt in 0..attempts {
             let tlt = c.tlt();
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
-            let req = Request::ReadTract { addr: self.addr(tract, row.version), offset, len };
+            let req = make(self.addr(tract, row.version));
             let calls = row.members.iter().take(r).map(|&m| {
                 let addr = tlt.members[m as usize].addr.clone();
                 let req = &req;
@@ -272,18 +273,7 @@ impl Blob {
             let mut retry = false;
             for (addr, res) in futures::future::join_all(calls).await {
                 match res {
-                    Ok((Reply::Read { crcs }, data))
-                        if data.len() == len as usize && first_bad_piece(offset, &data, &crcs).is_none() =>
-                    {
-                        out.push(data)
-                    }
-                    Ok(_) => {
-                        return Err(ClientError::NoIntactReplica {
-                            blob: self.id(),
-                            tract,
-                            last: format!("replica {addr} returned data that fails its CRC"),
-                        })
-                    }
+                    Ok((reply, data)) => out.push((addr, reply, data)),
                     Err(e) => {
                         last = e.to_string();
                         match classify(&e) {
@@ -300,6 +290,35 @@ impl Blob {
             c.backoff(attempt).await;
         }
         Err(ClientError::Unavailable { attempts, last })
+    }
+
+    /// Reads the range from every replica of its row, each verified end to
+    /// end: for recovery code that must know whether replicas agree (a
+    /// write that reached only some of them). One entry per replica, in row
+    /// order.
+    pub async fn read_replicas(&self, tract: u64, offset: u32, len: u32) -> Result<Vec<Bytes>, ClientError> {
+        self.check(offset, len as usize)?;
+        self.check_size(tract).await?;
+        let _permit = self.client.permit().await?;
+        let replies = self.ask_every_replica(tract, |addr| Request::ReadTract { addr, offset, len }).await?;
+        let mut out = Vec::with_capacity(replies.len());
+        for (addr, reply, data) in replies {
+            match reply {
+                Reply::Read { crcs }
+                    if data.len() == len as usize && first_bad_piece(offset, &data, &crcs).is_none() =>
+                {
+                    out.push(data)
+                }
+                _ => {
+                    return Err(ClientError::NoIntactReplica {
+                        blob: self.id(),
+                        tract,
+                        last: format!("replica {addr} returned data that fails its CRC"),
+                    })
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Writes a whole tract.
@@ -334,49 +353,21 @@ impl Blob {
     /// it to skip holes, and over-reporting data is always safe.
     pub async fn mapped(&self, tract: u64) -> Result<Vec<u8>, ClientError> {
         self.check_size(tract).await?;
-        let r = self.replication() as usize;
         let _permit = self.client.permit().await?;
-        let c = &self.client;
-        let attempts = c.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = c.tlt();
-            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
-            let req = Request::MappedTract { addr: self.addr(tract, row.version) };
-            let calls = row.members.iter().take(r).map(|&m| {
-                let addr = tlt.members[m as usize].addr.clone();
-                let req = &req;
-                async move { (addr.clone(), c.inner.pool.call(&addr, req, Bytes::new()).await) }
-            });
-            let mut union: Vec<u8> = Vec::new();
-            let mut retry = false;
-            for (addr, res) in futures::future::join_all(calls).await {
-                match res {
-                    Ok((Reply::Mapped { bitmap }, _)) => {
-                        if union.len() < bitmap.len() {
-                            union.resize(bitmap.len(), 0);
-                        }
-                        for (u, b) in union.iter_mut().zip(&bitmap) {
-                            *u |= b;
-                        }
-                    }
-                    Ok((other, _)) => last = format!("unexpected reply {other:?} from {addr}"),
-                    Err(e) => {
-                        last = e.to_string();
-                        match classify(&e) {
-                            Next::Fail(err) => return Err(err),
-                            _ => retry = true,
-                        }
-                    }
-                }
+        let replies = self.ask_every_replica(tract, |addr| Request::MappedTract { addr }).await?;
+        let mut union: Vec<u8> = Vec::new();
+        for (addr, reply, _) in replies {
+            let Reply::Mapped { bitmap } = reply else {
+                return Err(ClientError::Invalid(format!("unexpected reply {reply:?} from {addr}")));
+            };
+            if union.len() < bitmap.len() {
+                union.resize(bitmap.len(), 0);
             }
-            if !retry {
-                return Ok(union);
+            for (u, b) in union.iter_mut().zip(&bitmap) {
+                *u |= b;
             }
-            let _ = c.refresh_tlt(tlt.version).await;
-            c.backoff(attempt).await;
         }
-        Err(ClientError::Unavailable { attempts, last })
+        Ok(union)
     }
 
     /// Frees a tract on every replica (used when deleting the blob).
