@@ -168,8 +168,13 @@ struct RealDisk {
 
 /// Writes up to this many bytes (all pieces together) are buffered and
 /// issued inline; larger ones go through the blocking pool, with O_DIRECT
-/// when aligned (large transfers gain nothing from the page cache).
-const INLINE_WRITE_MAX: usize = 64 << 10;
+/// when aligned (large transfers gain nothing from the page cache). Reads
+/// use the same bound. It sits above a default volume block (64 KiB) plus
+/// its chunk entries: sending every such write through the pool cost two
+/// thread switches and a synchronous device write each, and the group
+/// commit's `fdatasync` writes buffered blocks back together anyway (1 MiB
+/// sequential NBD writes: 400 → 610 MB/s, 3.7 → 2.1 ms CPU per write).
+const INLINE_WRITE_MAX: usize = 256 << 10;
 
 fn direct_ok(offset: u64, len: usize) -> bool {
     offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
