@@ -282,6 +282,52 @@ async fn restarted_tractserver_serves_its_tracts() -> R {
     Ok(())
 }
 
+/// Cached writes: readable at once, durable after a sync of their
+/// receipts; a sync fails (so the caller writes again) when a tractserver
+/// named in the receipt restarted or reported another boot id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_writes_sync_and_a_restart_fails_the_sync() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut c = cluster(&dir, 4, 2, 32 << 20).await;
+    let client = c.client().await?;
+    let b = client.create_blob(None, 2).await?;
+    b.extend_to(8).await?;
+    let mut receipt = Vec::new();
+    for t in 0..8 {
+        let r = b.write_cached(t, 4096, Bytes::from(pattern(t, 8192))).await?;
+        assert_eq!(r.len(), 2, "one entry per replica");
+        receipt.extend(r);
+    }
+    for t in 0..8 {
+        assert!(b.read(t, 4096, 8192).await?[..] == pattern(t, 8192)[..], "tract {t} before the sync");
+    }
+    let syncs_before: u64 = (0..4).map(|i| c.tractserver(i).map_or(0, |t| t.service.store.syncs())).sum();
+    b.sync(receipt.clone()).await?;
+    let syncs_after: u64 = (0..4).map(|i| c.tractserver(i).map_or(0, |t| t.service.store.syncs())).sum();
+    assert!(syncs_after > syncs_before, "the sync reached the disks");
+
+    // Another boot id for a server in the receipt: it restarted in between.
+    let mut forged = receipt.clone();
+    forged[0].1 ^= 1;
+    let err = b.sync(forged).await.expect_err("a changed boot id must fail the sync");
+    assert!(matches!(err, blizzard_client::ClientError::Restarted { .. }), "{err}");
+
+    // A real restart (on a new port): the old receipt can no longer sync.
+    let victim = receipt[0].0.clone();
+    let i = (0..4).find(|&i| c.tractserver(i).is_some_and(|t| t.addr == victim)).ok_or("victim not found")?;
+    c.stop_tractserver(i).await;
+    c.start_tractserver(i).await?;
+    c.wait_ready(Duration::from_secs(10)).await?;
+    assert!(b.sync(receipt).await.is_err(), "a restarted server cannot vouch for cached writes");
+    // Written again, durably this time, everything reads back.
+    for t in 0..8 {
+        b.write(t, 4096, Bytes::from(pattern(t, 8192))).await?;
+        assert!(b.read(t, 4096, 8192).await?[..] == pattern(t, 8192)[..], "tract {t} after the restart");
+    }
+    c.stop().await;
+    Ok(())
+}
+
 /// The whole embedded cluster stopped and started again on its data
 /// directory: the TLT is rebuilt from the disks and every blob is intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

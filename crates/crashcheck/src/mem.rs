@@ -5,14 +5,25 @@
 //! |-------------------------------|-----------------------------------------------------|
 //! | write/trim issued             | in flight for a seeded random (virtual) latency     |
 //! | write/trim completes          | applied to every replica at once, then acknowledged |
-//! | crash                         | each in-flight op, on each replica independently, lands whole, not at all, or torn: some of its 4 KiB chunks land (a tractserver that died mid-write); unissued ops never existed |
-//! | read                          | one replica, chosen by the seed                     |
-//! | read of all replicas          | every replica (recovery compares them)              |
+//! | cached write completes        | kept apart (a tractserver's page cache): reads see it over the stored bytes; a sync naming it applies it to every replica |
+//! | crash                         | each in-flight op and each cached write not yet synced, on each replica independently, lands whole, not at all, or torn: some of its 4 KiB chunks land (a tractserver that died mid-write); unissued ops never existed |
+//! | crash, with corrupt tears     | as above, but a torn op's chunk may also be left **corrupt**: torn inside the chunk by power loss, which the store's chunk CRC reports |
+//! | read                          | one replica, chosen by the seed; a replica whose range has a corrupt chunk is skipped; none left is `Corrupt` |
+//! | read of all replicas          | every replica (recovery compares them); any corrupt chunk fails it `Corrupt` |
+//! | write covering a corrupt chunk| whole chunk: it is good again; part of it: `Corrupt` on that replica (the store cannot merge with a chunk it cannot read) |
 //!
-//! Tearing is at 4 KiB chunk granularity: below that the blob store's own
-//! chunk CRCs turn a torn chunk into a read error, tested at the blob layer.
+//! Tearing lands whole 4 KiB chunks or, with corrupt tears, leaves them
+//! corrupt: below 4 KiB the blob store's own chunk CRCs turn a torn chunk
+//! into a read error (tested at the blob layer), which is what a corrupt
+//! chunk models. Corrupt tears are off by default: only the log commit
+//! mode promises to recover from them (design 0003); a torn unacknowledged
+//! write in the other modes leaves its range unreadable until rewritten.
+//!
+//! For tests that crash at a chosen point, [`MemBlob::hold_after`] lets a
+//! number of ops complete and keeps every later one in flight forever, and
+//! [`MemBlob::crash_each`] decides each held op's fate per replica.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,7 +34,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use blizzard_env::Env;
-use blizzard_volume::io::{BlobIo, IoError};
+use blizzard_volume::io::{BlobIo, CacheReceipt, IoError};
+
+/// The server name in this store's receipts (the token is the op id).
+const RECEIPT_TAG: &str = "mem";
 
 #[derive(Clone, Debug)]
 enum Kind {
@@ -38,13 +52,33 @@ struct Pending {
     kind: Kind,
 }
 
+const CHUNK: u32 = 4096;
+
+#[derive(Clone)]
 struct State {
     replicas: Vec<BTreeMap<u64, Vec<u8>>>,
+    /// Per replica, the (tract, chunk) pairs a crash left corrupt.
+    corrupt: Vec<BTreeSet<(u64, u32)>>,
+    corrupt_tears: bool,
+    /// Ops still allowed to complete; later ones stay in flight.
+    hold_after: Option<u64>,
     size_tracts: u64,
     inflight: BTreeMap<u64, Pending>,
+    /// Cached writes that completed and await a sync: readers see them, a
+    /// crash treats them like ops in flight.
+    volatile: BTreeMap<u64, Pending>,
     next_op: u64,
     rng: SmallRng,
     latency_us: (u64, u64),
+}
+
+/// What a crash does to one in-flight op on one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Landing {
+    Nothing,
+    Whole,
+    /// Every chunk it covers is left corrupt (torn inside by power loss).
+    Corrupt,
 }
 
 #[derive(Clone)]
@@ -71,8 +105,12 @@ impl MemBlob {
             replication,
             state: Arc::new(Mutex::new(State {
                 replicas: vec![BTreeMap::new(); replication.max(1) as usize],
+                corrupt: vec![BTreeSet::new(); replication.max(1) as usize],
+                corrupt_tears: false,
+                hold_after: None,
                 size_tracts: 0,
                 inflight: BTreeMap::new(),
+                volatile: BTreeMap::new(),
                 next_op: 0,
                 rng: SmallRng::seed_from_u64(seed),
                 latency_us,
@@ -92,27 +130,92 @@ impl MemBlob {
         }
     }
 
-    fn apply(replica: &mut BTreeMap<u64, Vec<u8>>, tract_size: u32, p: &Pending) {
-        let t = replica.entry(p.tract).or_insert_with(|| vec![0u8; tract_size as usize]);
+    /// Tears that leave chunks corrupt, on or off (see the fault model).
+    pub fn set_corrupt_tears(&self, on: bool) {
+        self.lock().corrupt_tears = on;
+    }
+
+    /// The next `n` ops complete as usual; every later one is issued but
+    /// stays in flight until a crash decides it. `None` lifts the hold.
+    pub fn hold_after(&self, n: Option<u64>) {
+        self.lock().hold_after = n;
+    }
+
+    fn len_of(kind: &Kind) -> u32 {
+        match kind {
+            Kind::Write(b) => b.len() as u32,
+            Kind::Trim(n) => *n,
+        }
+    }
+
+    /// The chunks `[offset, +len)` touches, each with whether it is covered whole.
+    fn chunks(offset: u32, len: u32) -> impl Iterator<Item = (u32, bool)> {
+        let end = offset + len;
+        let first = offset / CHUNK;
+        let last = if len == 0 { first } else { (end - 1) / CHUNK + 1 };
+        (first..last).map(move |c| (c, offset <= c * CHUNK && (c + 1) * CHUNK <= end))
+    }
+
+    fn damaged(corrupt: &BTreeSet<(u64, u32)>, tract: u64, offset: u32, len: u32) -> bool {
+        Self::chunks(offset, len).any(|(c, _)| corrupt.contains(&(tract, c)))
+    }
+
+    /// Applies `p` to replica `r`. A chunk covered whole is good again; a
+    /// corrupt chunk covered in part cannot be merged: the op fails there.
+    fn apply(st: &mut State, r: usize, tract_size: u32, p: &Pending) -> Result<(), IoError> {
+        let len = Self::len_of(&p.kind);
+        let corrupt = &mut st.corrupt[r];
+        if Self::chunks(p.offset, len).any(|(c, whole)| !whole && corrupt.contains(&(p.tract, c))) {
+            return Err(IoError::Corrupt(format!(
+                "tract {} has a corrupt chunk under a partial write",
+                p.tract
+            )));
+        }
+        for (c, _) in Self::chunks(p.offset, len) {
+            corrupt.remove(&(p.tract, c));
+        }
+        let t = st.replicas[r].entry(p.tract).or_insert_with(|| vec![0u8; tract_size as usize]);
         let at = p.offset as usize;
         match &p.kind {
             Kind::Write(b) => t[at..at + b.len()].copy_from_slice(b),
             Kind::Trim(n) => t[at..at + *n as usize].fill(0),
         }
+        Ok(())
+    }
+
+    fn mark_corrupt(st: &mut State, r: usize, p: &Pending) {
+        for (c, _) in Self::chunks(p.offset, Self::len_of(&p.kind)) {
+            st.corrupt[r].insert((p.tract, c));
+        }
+    }
+
+    /// Test hook: marks the chunks under `[offset, +len)` of `tract`
+    /// corrupt on `replica`, as damage found later would.
+    pub fn corrupt(&self, replica: usize, tract: u64, offset: u32, len: u32) {
+        let mut st = self.lock();
+        let p = Pending { tract, offset, kind: Kind::Trim(len) };
+        Self::mark_corrupt(&mut st, replica, &p);
+    }
+
+    /// Test hook: the stored bytes of one replica, corrupt or not.
+    pub fn peek(&self, replica: usize, tract: u64, offset: u32, len: u32) -> Bytes {
+        Self::read_replica(&self.lock(), replica, tract, offset, len)
+    }
+
+    /// Test hook: overwrites stored bytes of one replica in place, leaving
+    /// corrupt marks as they are (garbage that passes the store's CRC, as
+    /// an older write's bytes would).
+    pub fn poke(&self, replica: usize, tract: u64, offset: u32, data: &[u8]) {
+        let mut st = self.lock();
+        let ts = self.tract_size as usize;
+        let t = st.replicas[replica].entry(tract).or_insert_with(|| vec![0u8; ts]);
+        t[offset as usize..offset as usize + data.len()].copy_from_slice(data);
     }
 
     /// An independent copy of the blob, in-flight ops included (for
     /// trying every crash outcome of one crash point).
     pub fn fork(&self) -> MemBlob {
-        let st = self.lock();
-        let copy = State {
-            replicas: st.replicas.clone(),
-            size_tracts: st.size_tracts,
-            inflight: st.inflight.clone(),
-            next_op: st.next_op,
-            rng: st.rng.clone(),
-            latency_us: st.latency_us,
-        };
+        let copy = self.lock().clone();
         MemBlob {
             env: self.env.clone(),
             tract_size: self.tract_size,
@@ -121,23 +224,43 @@ impl MemBlob {
         }
     }
 
-    /// Ops issued and not yet completed.
+    /// Ops whose fate a crash decides: issued and not completed, or
+    /// cached and not synced.
     pub fn in_flight(&self) -> usize {
-        self.lock().inflight.len()
+        let st = self.lock();
+        st.inflight.len() + st.volatile.len()
+    }
+
+    /// In flight and unsynced cached ops, in issue order, taken out.
+    fn take_undecided(st: &mut State) -> Vec<Pending> {
+        let mut all = std::mem::take(&mut st.inflight);
+        all.append(&mut std::mem::take(&mut st.volatile));
+        all.into_values().collect()
     }
 
     /// The crash: each op in flight lands, or not, on each replica, as
     /// `lands(op index, replica)` says.
     pub fn crash_with(&self, mut lands: impl FnMut(usize, usize) -> bool) -> CrashOutcome {
+        self.crash_each(|i, r| if lands(i, r) { Landing::Whole } else { Landing::Nothing })
+    }
+
+    /// The crash: each op in flight (in issue order) meets the fate
+    /// `landing(op index, replica)` says on each replica.
+    pub fn crash_each(&self, mut landing: impl FnMut(usize, usize) -> Landing) -> CrashOutcome {
         let mut st = self.lock();
-        let ops: Vec<Pending> = std::mem::take(&mut st.inflight).into_values().collect();
+        let ops: Vec<Pending> = Self::take_undecided(&mut st);
         let mut out = CrashOutcome { in_flight: ops.len(), landed: 0 };
         let ts = self.tract_size;
         for (i, p) in ops.iter().enumerate() {
             for r in 0..st.replicas.len() {
-                if lands(i, r) {
-                    Self::apply(&mut st.replicas[r], ts, p);
-                    out.landed += 1;
+                match landing(i, r) {
+                    Landing::Nothing => {}
+                    Landing::Whole => {
+                        if Self::apply(&mut st, r, ts, p).is_ok() {
+                            out.landed += 1;
+                        }
+                    }
+                    Landing::Corrupt => Self::mark_corrupt(&mut st, r, p),
                 }
             }
         }
@@ -148,7 +271,7 @@ impl MemBlob {
     /// or torn (each 4 KiB chunk of the op by its own coin).
     pub fn crash(&self, rng: &mut SmallRng) -> CrashOutcome {
         let mut st = self.lock();
-        let ops: Vec<Pending> = std::mem::take(&mut st.inflight).into_values().collect();
+        let ops: Vec<Pending> = Self::take_undecided(&mut st);
         let mut out = CrashOutcome { in_flight: ops.len(), landed: 0 };
         let ts = self.tract_size;
         for p in &ops {
@@ -156,29 +279,38 @@ impl MemBlob {
                 match rng.random_range(0..3) {
                     0 => {}
                     1 => {
-                        Self::apply(&mut st.replicas[r], ts, p);
-                        out.landed += 1;
+                        if Self::apply(&mut st, r, ts, p).is_ok() {
+                            out.landed += 1;
+                        }
                     }
                     _ => {
                         // Torn: chunk by chunk, aligned to the tract.
-                        let len = match &p.kind {
-                            Kind::Write(b) => b.len() as u32,
-                            Kind::Trim(n) => *n,
-                        };
+                        let len = Self::len_of(&p.kind);
                         let mut at = p.offset;
                         while at < p.offset + len {
-                            let next = ((at / 4096 + 1) * 4096).min(p.offset + len);
-                            if rng.random_bool(0.5) {
-                                let (s0, s1) = ((at - p.offset) as usize, (next - p.offset) as usize);
-                                let piece = Pending {
-                                    tract: p.tract,
-                                    offset: at,
-                                    kind: match &p.kind {
-                                        Kind::Write(b) => Kind::Write(b.slice(s0..s1)),
-                                        Kind::Trim(_) => Kind::Trim(next - at),
-                                    },
-                                };
-                                Self::apply(&mut st.replicas[r], ts, &piece);
+                            let next = ((at / CHUNK + 1) * CHUNK).min(p.offset + len);
+                            let (s0, s1) = ((at - p.offset) as usize, (next - p.offset) as usize);
+                            let piece = Pending {
+                                tract: p.tract,
+                                offset: at,
+                                kind: match &p.kind {
+                                    Kind::Write(b) => Kind::Write(b.slice(s0..s1)),
+                                    Kind::Trim(_) => Kind::Trim(next - at),
+                                },
+                            };
+                            // Without corrupt tears the draw is the same
+                            // coin as always, so seeds of those runs replay.
+                            let fate = if st.corrupt_tears {
+                                rng.random_range(0..3)
+                            } else {
+                                u32::from(rng.random_bool(0.5))
+                            };
+                            match fate {
+                                0 => {}
+                                1 => {
+                                    let _ = Self::apply(&mut st, r, ts, &piece);
+                                }
+                                _ => Self::mark_corrupt(&mut st, r, &piece),
                             }
                             at = next;
                         }
@@ -190,6 +322,19 @@ impl MemBlob {
     }
 
     fn op(&self, tract: u64, offset: u32, kind: Kind) -> BoxFuture<'static, Result<(), IoError>> {
+        let op = self.op_as(tract, offset, kind, false);
+        async move { op.await.map(|_| ()) }.boxed()
+    }
+
+    /// Issues an op; a `cached` one completes into `volatile` (not applied
+    /// to the replicas until synced) and returns its id.
+    fn op_as(
+        &self,
+        tract: u64,
+        offset: u32,
+        kind: Kind,
+        cached: bool,
+    ) -> BoxFuture<'static, Result<u64, IoError>> {
         let len = match &kind {
             Kind::Write(b) => b.len() as u64,
             Kind::Trim(n) => *n as u64,
@@ -199,7 +344,7 @@ impl MemBlob {
             if offset as u64 + len > me.tract_size as u64 {
                 return Err(IoError::Other(format!("range [{offset}, +{len}) outside the tract")));
             }
-            let (id, wait) = {
+            let (id, wait, held) = {
                 let mut st = me.lock();
                 if tract >= st.size_tracts {
                     return Err(IoError::Other(format!("tract {tract} past the end of the blob")));
@@ -207,28 +352,65 @@ impl MemBlob {
                 let id = st.next_op;
                 st.next_op += 1;
                 st.inflight.insert(id, Pending { tract, offset, kind });
+                let held = match &mut st.hold_after {
+                    Some(0) => true,
+                    Some(n) => {
+                        *n -= 1;
+                        false
+                    }
+                    None => false,
+                };
                 let (lo, hi) = st.latency_us;
                 let us = if hi > lo { st.rng.random_range(lo..=hi) } else { lo };
-                (id, Duration::from_micros(us))
+                (id, Duration::from_micros(us), held)
             };
+            if held {
+                // In flight until the crash decides it.
+                futures::future::pending::<()>().await;
+            }
             me.env.sleep(wait).await;
             let mut st = me.lock();
+            let mut result = Ok(id);
+            if cached {
+                if let Some(p) = st.inflight.remove(&id) {
+                    st.volatile.insert(id, p);
+                }
+                return result;
+            }
             if let Some(p) = st.inflight.remove(&id) {
                 let ts = me.tract_size;
-                for r in st.replicas.iter_mut() {
-                    Self::apply(r, ts, &p);
+                for r in 0..st.replicas.len() {
+                    if let Err(e) = Self::apply(&mut st, r, ts, &p) {
+                        result = Err(e);
+                    }
                 }
             }
-            Ok(())
+            result
         }
         .boxed()
     }
 
+    /// A replica's bytes as a reader sees them: unsynced cached writes
+    /// (held by the tractserver's page cache) over the stored ones.
     fn read_replica(st: &State, r: usize, tract: u64, offset: u32, len: u32) -> Bytes {
-        match st.replicas[r].get(&tract) {
-            Some(t) => Bytes::copy_from_slice(&t[offset as usize..offset as usize + len as usize]),
-            None => Bytes::from(vec![0u8; len as usize]),
+        let mut b = match st.replicas[r].get(&tract) {
+            Some(t) => t[offset as usize..offset as usize + len as usize].to_vec(),
+            None => vec![0u8; len as usize],
+        };
+        let (lo, hi) = (offset as u64, offset as u64 + len as u64);
+        for p in st.volatile.values().filter(|p| p.tract == tract) {
+            let (a, z) = (p.offset as u64, p.offset as u64 + Self::len_of(&p.kind) as u64);
+            let (s, e) = (a.max(lo), z.min(hi));
+            if s >= e {
+                continue;
+            }
+            let dst = &mut b[(s - lo) as usize..(e - lo) as usize];
+            match &p.kind {
+                Kind::Write(d) => dst.copy_from_slice(&d[(s - a) as usize..(e - a) as usize]),
+                Kind::Trim(_) => dst.fill(0),
+            }
         }
+        Bytes::from(b)
     }
 }
 
@@ -259,6 +441,48 @@ impl BlobIo for MemBlob {
         self.op(tract, offset, Kind::Write(data))
     }
 
+    /// Lands in `volatile`: visible to reads, decided by a crash like an op
+    /// in flight until a sync names it.
+    fn write_cached(
+        &self,
+        tract: u64,
+        offset: u32,
+        data: Bytes,
+    ) -> BoxFuture<'static, Result<CacheReceipt, IoError>> {
+        let op = self.op_as(tract, offset, Kind::Write(data), true);
+        async move { Ok(vec![(RECEIPT_TAG.to_string(), op.await?)]) }.boxed()
+    }
+
+    /// After a (virtual) latency, applies the named cached writes to every
+    /// replica in issue order; a crash before then decides them instead.
+    fn sync(&self, receipt: CacheReceipt) -> BoxFuture<'static, Result<(), IoError>> {
+        let me = self.clone();
+        async move {
+            let wait = {
+                let mut st = me.lock();
+                let (lo, hi) = st.latency_us;
+                Duration::from_micros(if hi > lo { st.rng.random_range(lo..=hi) } else { lo })
+            };
+            me.env.sleep(wait).await;
+            let mut st = me.lock();
+            let mut ids: Vec<u64> = receipt.iter().map(|(_, id)| *id).collect();
+            ids.sort_unstable();
+            let ts = me.tract_size;
+            let mut result = Ok(());
+            for id in ids {
+                if let Some(p) = st.volatile.remove(&id) {
+                    for r in 0..st.replicas.len() {
+                        if let Err(e) = Self::apply(&mut st, r, ts, &p) {
+                            result = Err(e);
+                        }
+                    }
+                }
+            }
+            result
+        }
+        .boxed()
+    }
+
     fn trim(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<(), IoError>> {
         self.op(tract, offset, Kind::Trim(len))
     }
@@ -272,7 +496,12 @@ impl BlobIo for MemBlob {
             let mut st = me.lock();
             let n = st.replicas.len();
             let r = if n > 1 { st.rng.random_range(0..n) } else { 0 };
-            Ok(Self::read_replica(&st, r, tract, offset, len))
+            // Like the client: a replica that reports damage is skipped.
+            (0..n)
+                .map(|i| (r + i) % n)
+                .find(|&r| !Self::damaged(&st.corrupt[r], tract, offset, len))
+                .map(|r| Self::read_replica(&st, r, tract, offset, len))
+                .ok_or_else(|| IoError::Corrupt(format!("tract {tract}: no replica holds the range intact")))
         }
         .boxed()
     }
@@ -289,6 +518,9 @@ impl BlobIo for MemBlob {
                 return Err(IoError::Other("read outside the tract".into()));
             }
             let st = me.lock();
+            if st.corrupt.iter().any(|c| Self::damaged(c, tract, offset, len)) {
+                return Err(IoError::Corrupt(format!("tract {tract}: a replica reports a corrupt chunk")));
+            }
             Ok((0..st.replicas.len()).map(|r| Self::read_replica(&st, r, tract, offset, len)).collect())
         }
         .boxed()

@@ -36,6 +36,10 @@ pub struct CheckConfig {
     /// Most client operations before the crash.
     pub ops_max: usize,
     pub planted: PlantedBug,
+    /// A torn in-flight write may leave chunks corrupt (power loss), not
+    /// only land some whole chunks. On for the log mode, whose recovery
+    /// must survive it; see `mem`.
+    pub corrupt_tears: bool,
 }
 
 impl CheckConfig {
@@ -50,6 +54,7 @@ impl CheckConfig {
             segment_tracts: 4,
             ops_max: 160,
             planted: PlantedBug::None,
+            corrupt_tears: mode == CommitMode::Log,
         }
     }
 
@@ -243,6 +248,7 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
     let tail = Duration::from_micros(rng.random_range(0..3000));
     let env = trial_env(rng.random());
     let mem = MemBlob::new(env.clone(), rng.random(), cfg.tract_size, cfg.replication, (50, 2000));
+    mem.set_corrupt_tears(cfg.corrupt_tears);
     let spec = VolumeSpec {
         name: "crash".into(),
         size_bytes: cfg.volume_size,

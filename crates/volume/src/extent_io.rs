@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use crate::cache::Data;
-use crate::io::{BlobIo, IoError};
+use crate::io::{BlobIo, CacheReceipt, IoError};
 use crate::striping::{Extent, Striping};
 
 /// The bytes of one extent, gathered from the request buffer (one slice
@@ -34,6 +34,27 @@ pub async fn write(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, data: &Data
         r?;
     }
     Ok(())
+}
+
+/// [`write`] through the tractservers' write caches: applied on every
+/// replica when it returns, durable after [`BlobIo::sync`] of the receipt.
+/// Zeros are trims, durable at once (their receipt part is empty).
+pub async fn write_cached(
+    io: &Arc<dyn BlobIo>,
+    st: &Striping,
+    offset: u64,
+    data: &Data,
+) -> Result<CacheReceipt, IoError> {
+    let Data::Bytes(b) = data else {
+        return write(io, st, offset, data).await.map(|_| CacheReceipt::new());
+    };
+    let extents = st.extents(offset, data.len());
+    let ops = extents.iter().map(|e| io.write_cached(e.tract, e.offset, gather(e, b)));
+    let mut receipt = CacheReceipt::new();
+    for r in futures::future::join_all(ops).await {
+        receipt.extend(r?);
+    }
+    Ok(receipt)
 }
 
 /// Reads `len` bytes at volume byte `offset`.

@@ -7,11 +7,26 @@
 //! parallel, except that a write overlapping one still in flight waits for
 //! it, so the later of two acknowledged writes to a byte always wins.
 //!
+//! Writes go out through the tractservers' write caches (`write_cached`):
+//! a write is "written" when every replica has applied it and "durable"
+//! only once a sync covering its receipt succeeds. Syncs are batched: one
+//! starts when an epoch is closed and waits on it, when a quarter of the
+//! exposure limit is written, or `SYNC_DELAY` after the first write left
+//! unsynced; one sync at a time. So a tractserver pays one `fdatasync` per
+//! batch instead of one per few writes (a disk with a write cache and an
+//! occasional FLUSH, which is what the epoch protocol needs). A write
+//! issued after its epoch was already closed skips the cache: someone is
+//! waiting for it, and one durable write is one round trip, not two.
+//!
 //! Invariants:
 //! - `issue_epoch` only grows, and only past an epoch that is closed (a
-//!   flush came after it), has nothing queued and nothing in flight. Hence
+//!   flush came after it), has nothing queued and nothing in flight, where
+//!   a write stays in flight until a sync covering it succeeded. Hence
 //!   after a crash the blob holds every write of epochs < R, some of R, and
 //!   none after R (prefix consistency).
+//! - A written-but-unsynced write keeps its range in `inflight_ranges`, so
+//!   no later overlapping write goes out before it is durable; a failed
+//!   sync can therefore write it again without undoing a newer one.
 //! - Until a write is durable its data is in the write cache; reads overlay
 //!   the cache on the blob, so no read returns data older than an
 //!   acknowledged write.
@@ -27,7 +42,7 @@ use tokio::sync::Notify;
 use blizzard_env::{Env, Instant};
 
 use crate::cache::{Data, WriteCache};
-use crate::io::BlobIo;
+use crate::io::{BlobIo, CacheReceipt};
 use crate::striping::Striping;
 use crate::superblock::ExposureLimits;
 use crate::{extent_io, PlantedBug, VolumeError};
@@ -38,6 +53,9 @@ struct Op {
     offset: u64,
     data: Data,
     acked_at: Instant,
+    /// Write durably now rather than through the cache (its epoch is
+    /// already closed).
+    durable: bool,
 }
 
 struct Flight {
@@ -45,6 +63,17 @@ struct Flight {
     offset: u64,
     len: u64,
     acked_at: Instant,
+    /// Kept to write it again if a sync fails.
+    data: Data,
+}
+
+/// What to do about syncing after a state change.
+enum SyncAction {
+    Nothing,
+    /// Sync these written writes (seq, receipt).
+    Start(Vec<(u64, CacheReceipt)>),
+    /// Nothing urgent: sync after `SYNC_DELAY`.
+    Timer,
 }
 
 #[derive(Default)]
@@ -63,6 +92,15 @@ struct State {
     next_seq: u64,
     out_bytes: u64,
     out_writes: u64,
+    /// Written through the write cache, not yet covered by a sync.
+    unsynced: Vec<(u64, CacheReceipt)>,
+    unsynced_bytes: u64,
+    /// A sync is under way.
+    syncing: bool,
+    /// A `SYNC_DELAY` timer is pending.
+    sync_timer: bool,
+    /// The timer fired while a sync was under way: start the next at once.
+    sync_due: bool,
 }
 
 pub struct FastAck {
@@ -85,6 +123,12 @@ pub struct FastAck {
 /// acknowledged, so it is retried until it lands (the blob store itself
 /// retries through TLT changes first).
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Longest a written write waits for a sync when nothing asks for one
+/// (capped at a quarter of the volume's age limit).
+const SYNC_DELAY: Duration = Duration::from_millis(10);
+
+const SYNC_BATCH_DIV: u64 = 4;
 
 impl FastAck {
     pub fn new(
@@ -161,7 +205,7 @@ impl FastAck {
             st.cache.insert(offset, data.clone(), seq);
             st.out_bytes += len;
             st.out_writes += 1;
-            st.queue.push_back(Op { seq, epoch, offset, data, acked_at: self.env.now() });
+            st.queue.push_back(Op { seq, epoch, offset, data, acked_at: self.env.now(), durable: false });
             let room = st.out_writes < self.limits.writes_max as u64 && st.out_bytes < self.limits.bytes_max;
             (self.pump(&mut st), room)
         };
@@ -182,9 +226,11 @@ impl FastAck {
             st.curr_epoch += 1;
             self.retire(&mut st);
             let issue = self.pump(&mut st);
-            (closed, issue)
+            (closed, (issue, self.sync_action(&mut st)))
         };
+        let (issue, sync) = issue;
         self.spawn(issue);
+        self.run(sync);
         self.changed.notify_waiters();
         if !durable || self.planted == PlantedBug::AckDurableFlushEarly {
             return Ok(());
@@ -245,13 +291,20 @@ impl FastAck {
             if !allowed || overlaps {
                 break;
             }
-            let Some(op) = st.queue.pop_front() else { break };
+            let Some(mut op) = st.queue.pop_front() else { break };
             if !op.data.is_empty() {
                 st.inflight_ranges.insert(op.offset, op.offset + op.data.len());
             }
+            op.durable = op.epoch < st.curr_epoch;
             st.inflight.insert(
                 op.seq,
-                Flight { epoch: op.epoch, offset: op.offset, len: op.data.len(), acked_at: op.acked_at },
+                Flight {
+                    epoch: op.epoch,
+                    offset: op.offset,
+                    len: op.data.len(),
+                    acked_at: op.acked_at,
+                    data: op.data.clone(),
+                },
             );
             *st.inflight_per_epoch.entry(op.epoch).or_default() += 1;
             out.push(op);
@@ -263,37 +316,155 @@ impl FastAck {
         for op in ops {
             let me = self.clone();
             tokio::spawn(async move {
-                loop {
-                    match extent_io::write(&me.io, &me.striping, op.offset, &op.data).await {
-                        Ok(()) => break,
+                let receipt = loop {
+                    let r = if op.durable {
+                        extent_io::write(&me.io, &me.striping, op.offset, &op.data)
+                            .await
+                            .map(|_| CacheReceipt::new())
+                    } else {
+                        extent_io::write_cached(&me.io, &me.striping, op.offset, &op.data).await
+                    };
+                    match r {
+                        Ok(r) => break r,
                         Err(e) => {
                             tracing::warn!(offset = op.offset, error = %e, "acknowledged write failed; retrying");
                             me.env.sleep(RETRY_PAUSE).await;
                         }
                     }
+                };
+                if receipt.is_empty() {
+                    // Durable already (a durable write, a trim, or a store
+                    // without a write cache).
+                    me.complete(&[op.seq], false);
+                } else {
+                    me.written(op.seq, receipt);
                 }
-                me.complete(op.seq);
             });
         }
     }
 
-    fn complete(self: &Arc<Self>, seq: u64) {
-        let issue = {
+    /// A cached write reached every replica: it waits for a sync.
+    fn written(self: &Arc<Self>, seq: u64, receipt: CacheReceipt) {
+        let action = {
             let mut st = self.lock();
-            let Some(f) = st.inflight.remove(&seq) else { return };
-            if st.inflight_ranges.get(&f.offset) == Some(&(f.offset + f.len)) {
-                st.inflight_ranges.remove(&f.offset);
+            let Some(len) = st.inflight.get(&seq).map(|f| f.len) else { return };
+            st.unsynced.push((seq, receipt));
+            st.unsynced_bytes += len;
+            self.sync_action(&mut st)
+        };
+        self.run(action);
+    }
+
+    /// Whether to start a sync now, later, or not at all.
+    fn sync_action(&self, st: &mut State) -> SyncAction {
+        if st.syncing || st.unsynced.is_empty() {
+            return SyncAction::Nothing;
+        }
+        // A closed epoch cannot retire (and a durable flush cannot return)
+        // until its writes are synced.
+        let epoch_waits = st.curr_epoch > st.issue_epoch;
+        let full = st.unsynced.len() as u64 >= (self.limits.writes_max as u64 / SYNC_BATCH_DIV).max(1)
+            || st.unsynced_bytes >= (self.limits.bytes_max / SYNC_BATCH_DIV).max(1);
+        if epoch_waits || full || st.sync_due || self.planted == PlantedBug::SkipCacheSync {
+            st.syncing = true;
+            st.sync_due = false;
+            st.unsynced_bytes = 0;
+            return SyncAction::Start(std::mem::take(&mut st.unsynced));
+        }
+        if st.sync_timer {
+            return SyncAction::Nothing;
+        }
+        st.sync_timer = true;
+        SyncAction::Timer
+    }
+
+    fn run(self: &Arc<Self>, action: SyncAction) {
+        match action {
+            SyncAction::Nothing => {}
+            SyncAction::Timer => {
+                let me = self.clone();
+                let delay = SYNC_DELAY.min(Duration::from_millis(self.limits.age_ms_max as u64 / 4));
+                tokio::spawn(async move {
+                    me.env.sleep(delay).await;
+                    let action = {
+                        let mut st = me.lock();
+                        st.sync_timer = false;
+                        st.sync_due = true;
+                        me.sync_action(&mut st)
+                    };
+                    me.run(action);
+                });
             }
-            st.cache.remove_owned(f.offset, f.len, seq);
-            if let Some(n) = st.inflight_per_epoch.get_mut(&f.epoch) {
-                *n = n.saturating_sub(1);
+            SyncAction::Start(batch) => {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let receipt: CacheReceipt = batch.iter().flat_map(|(_, r)| r.iter().cloned()).collect();
+                    let seqs: Vec<u64> = batch.iter().map(|(s, _)| *s).collect();
+                    let synced = if me.planted == PlantedBug::SkipCacheSync {
+                        Ok(())
+                    } else {
+                        me.io.sync(receipt).await
+                    };
+                    match synced {
+                        Ok(()) => me.complete(&seqs, true),
+                        Err(e) => {
+                            // The writes may be gone from a tractserver
+                            // that restarted: write them again. They are
+                            // still in flight, so nothing newer overlapping
+                            // them went out meanwhile.
+                            tracing::warn!(writes = seqs.len(), error = %e, "sync of cached writes failed; writing them again");
+                            me.env.sleep(RETRY_PAUSE).await;
+                            let (again, action) = {
+                                let mut st = me.lock();
+                                st.syncing = false;
+                                let again: Vec<Op> = seqs
+                                    .iter()
+                                    .filter_map(|s| {
+                                        st.inflight.get(s).map(|f| Op {
+                                            seq: *s,
+                                            epoch: f.epoch,
+                                            offset: f.offset,
+                                            data: f.data.clone(),
+                                            acked_at: f.acked_at,
+                                            durable: false,
+                                        })
+                                    })
+                                    .collect();
+                                (again, me.sync_action(&mut st))
+                            };
+                            me.spawn(again);
+                            me.run(action);
+                        }
+                    }
+                });
             }
-            st.out_bytes -= f.len;
-            st.out_writes -= 1;
+        }
+    }
+
+    /// Writes became durable (`synced`: through the sync under way).
+    fn complete(self: &Arc<Self>, seqs: &[u64], synced: bool) {
+        let (issue, action) = {
+            let mut st = self.lock();
+            if synced {
+                st.syncing = false;
+            }
+            for seq in seqs {
+                let Some(f) = st.inflight.remove(seq) else { continue };
+                if st.inflight_ranges.get(&f.offset) == Some(&(f.offset + f.len)) {
+                    st.inflight_ranges.remove(&f.offset);
+                }
+                st.cache.remove_owned(f.offset, f.len, *seq);
+                if let Some(n) = st.inflight_per_epoch.get_mut(&f.epoch) {
+                    *n = n.saturating_sub(1);
+                }
+                st.out_bytes -= f.len;
+                st.out_writes -= 1;
+            }
             self.retire(&mut st);
-            self.pump(&mut st)
+            (self.pump(&mut st), self.sync_action(&mut st))
         };
         self.spawn(issue);
+        self.run(action);
         self.changed.notify_waiters();
         self.room.notify_one();
     }

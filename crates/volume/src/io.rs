@@ -9,14 +9,39 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use blizzard_client::{Blob, ClientError};
+pub use blizzard_client::CacheReceipt;
+use blizzard_client::{Blob, ClientError, ErrorCode};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum IoError {
     #[error("{0}")]
     Client(#[from] ClientError),
+    /// Stored bytes failed their checksum (a chunk torn by power loss, or
+    /// damaged since): what a tractserver reports as `Corrupt`. Used by
+    /// stores other than the real client, which reports it through
+    /// [`ClientError`].
+    #[error("corrupt: {0}")]
+    Corrupt(String),
     #[error("{0}")]
     Other(String),
+}
+
+impl IoError {
+    /// Whether the read failed because stored bytes are damaged, not
+    /// because the store could not be reached: retrying will not help, and
+    /// log recovery may treat the range as never written (a write torn by
+    /// a crash). Transient failures are never corruption: recovery must
+    /// not end the log early because a server was briefly down.
+    pub fn is_corrupt(&self) -> bool {
+        match self {
+            IoError::Corrupt(_) => true,
+            // Every replica answered and none returned the range intact.
+            IoError::Client(ClientError::NoIntactReplica { .. }) => true,
+            // `read_replicas` asks every replica; one reporting damage fails it.
+            IoError::Client(ClientError::Rejected { reply, .. }) => reply.code == ErrorCode::Corrupt,
+            _ => false,
+        }
+    }
 }
 
 /// One blob, as the volume uses it. Every method's future is `'static` so
@@ -46,6 +71,25 @@ pub trait BlobIo: Send + Sync + 'static {
     fn mapped(&self, _tract: u64) -> BoxFuture<'static, Result<Vec<u8>, IoError>> {
         let chunks = (self.tract_size() / blizzard_core::limits::CHUNK_SIZE) as usize;
         async move { Ok(vec![0xff; chunks.div_ceil(8)]) }.boxed()
+    }
+    /// Applied on every replica when it returns `Ok` (readers see it at
+    /// once), durable only after [`BlobIo::sync`] of the returned receipt
+    /// succeeds: a write cache. A store without one makes it durable at
+    /// once and returns an empty receipt.
+    fn write_cached(
+        &self,
+        tract: u64,
+        offset: u32,
+        data: Bytes,
+    ) -> BoxFuture<'static, Result<CacheReceipt, IoError>> {
+        let w = self.write(tract, offset, data);
+        async move { w.await.map(|_| CacheReceipt::new()) }.boxed()
+    }
+    /// Makes the cached writes behind `receipt` (receipts may be
+    /// concatenated) durable. On error they may be lost and must be
+    /// written again.
+    fn sync(&self, _receipt: CacheReceipt) -> BoxFuture<'static, Result<(), IoError>> {
+        async { Ok(()) }.boxed()
     }
 }
 
@@ -90,6 +134,21 @@ impl BlobIo for ClientBlobIo {
     fn write(&self, tract: u64, offset: u32, data: Bytes) -> BoxFuture<'static, Result<(), IoError>> {
         let b = self.blob.clone();
         async move { Ok(b.write(tract, offset, data).await?) }.boxed()
+    }
+
+    fn write_cached(
+        &self,
+        tract: u64,
+        offset: u32,
+        data: Bytes,
+    ) -> BoxFuture<'static, Result<CacheReceipt, IoError>> {
+        let b = self.blob.clone();
+        async move { Ok(b.write_cached(tract, offset, data).await?) }.boxed()
+    }
+
+    fn sync(&self, receipt: CacheReceipt) -> BoxFuture<'static, Result<(), IoError>> {
+        let b = self.blob.clone();
+        async move { Ok(b.sync(receipt).await?) }.boxed()
     }
 
     fn read(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<Bytes, IoError>> {

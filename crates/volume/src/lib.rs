@@ -48,6 +48,9 @@ pub enum PlantedBug {
     /// Log recovery accepts an intact block without checking its LSN and
     /// checkpoint sequence number.
     ReuseWithoutSeq,
+    /// Fast-ack takes a write through the tractservers' write caches as
+    /// durable without syncing it.
+    SkipCacheSync,
 }
 
 impl PlantedBug {
@@ -60,6 +63,7 @@ impl PlantedBug {
             "map-out-of-order" => Some(PlantedBug::AdvanceMapOutOfOrder),
             "roll-past-hole" => Some(PlantedBug::RollForwardPastHole),
             "reuse-without-seq" => Some(PlantedBug::ReuseWithoutSeq),
+            "skip-cache-sync" => Some(PlantedBug::SkipCacheSync),
             _ => None,
         }
     }
@@ -81,6 +85,14 @@ pub enum VolumeError {
     Io(#[from] IoError),
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl VolumeError {
+    /// Whether this is stored data failing its checksum (see
+    /// [`IoError::is_corrupt`]).
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, VolumeError::Io(e) if e.is_corrupt())
+    }
 }
 
 impl From<blizzard_client::ClientError> for VolumeError {

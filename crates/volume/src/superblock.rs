@@ -5,7 +5,13 @@
 use blizzard_core::crc::crc32c;
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZVOLUM";
-pub const SUPERBLOCK_FORMAT: u32 = 1;
+/// The newest format this build reads. Format 1 is everything but a log
+/// whose resizes moved its checkpoints (several log extents), written as
+/// format 2 so older builds refuse it by version instead of misreading it.
+pub const SUPERBLOCK_FORMAT: u32 = 2;
+/// Most extents a log's physical blocks may span (each resize that moves
+/// the checkpoints adds one); bounds what decoding allocates.
+pub const LOG_EXTENTS_MAX: usize = 64;
 /// Each copy occupies one whole 4 KiB chunk of tract 0, so updating one
 /// never rewrites bytes of the other.
 pub const SUPERBLOCK_COPY_LEN: u32 = 4096;
@@ -94,8 +100,15 @@ impl Default for ExposureLimits {
     }
 }
 
-/// Where a log-mode volume keeps its checkpoints and log.
+/// Consecutive physical blocks of the log starting at a tract boundary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogExtent {
+    pub first_tract: u64,
+    pub blocks: u64,
+}
+
+/// Where a log-mode volume keeps its checkpoints and log.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogGeometry {
     /// Physical blocks in the log (more than virtual blocks: the slack
     /// lets writes go to free blocks while old versions are still live).
@@ -104,14 +117,18 @@ pub struct LogGeometry {
     pub checkpoint_tracts: [u64; 2],
     /// Tracts per checkpoint slot.
     pub checkpoint_slot_tracts: u64,
-    /// First tract of the log.
-    pub log_first_tract: u64,
+    /// Where physical blocks live, in order: block p is in the extent
+    /// where the running sum of `blocks` passes p. One extent unless a
+    /// resize moved the checkpoints (design 0003, "Resizing a log volume").
+    /// The block counts sum to `physical_blocks`.
+    pub extents: Vec<LogExtent>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
     pub name: String,
-    /// Bumped by every rewrite; the valid copy with the highest wins.
+    /// Bumped by every rewrite; the valid copy with the highest wins. The
+    /// copy written is `generation mod 2`.
     pub generation: u64,
     pub size_bytes: u64,
     /// Striping unit (write-through, fast-ack) or log block (log mode).
@@ -131,7 +148,7 @@ pub enum SuperblockError {
     NotAVolume,
     #[error("both superblock copies are damaged; the volume cannot be opened")]
     Damaged,
-    #[error("volume format {0} is not supported by this build (supports {SUPERBLOCK_FORMAT})")]
+    #[error("volume format {0} is not supported by this build (supports 1..={SUPERBLOCK_FORMAT})")]
     Format(u32),
     #[error("superblock field {0} is invalid")]
     Field(&'static str),
@@ -182,7 +199,7 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Enc(Vec::with_capacity(SUPERBLOCK_COPY_LEN as usize));
         e.0.extend_from_slice(&SUPERBLOCK_MAGIC);
-        e.u32(SUPERBLOCK_FORMAT);
+        e.u32(self.format());
         e.u64(self.generation);
         let name = &self.name.as_bytes()[..self.name.len().min(NAME_LEN_MAX)];
         e.u32(name.len() as u32);
@@ -199,13 +216,27 @@ impl Superblock {
         e.u64(self.created_unix_s);
         match &self.log {
             None => e.u8(0),
-            Some(l) => {
+            // One extent: exactly the format-1 bytes, so a log volume that
+            // never moved its checkpoints stays readable by older builds.
+            Some(l) if l.extents.len() == 1 => {
                 e.u8(1);
                 e.u64(l.physical_blocks);
                 e.u64(l.checkpoint_tracts[0]);
                 e.u64(l.checkpoint_tracts[1]);
                 e.u64(l.checkpoint_slot_tracts);
-                e.u64(l.log_first_tract);
+                e.u64(l.extents[0].first_tract);
+            }
+            Some(l) => {
+                e.u8(2);
+                e.u64(l.physical_blocks);
+                e.u64(l.checkpoint_tracts[0]);
+                e.u64(l.checkpoint_tracts[1]);
+                e.u64(l.checkpoint_slot_tracts);
+                e.u32(l.extents.len() as u32);
+                for x in &l.extents {
+                    e.u64(x.first_tract);
+                    e.u64(x.blocks);
+                }
             }
         }
         let body_len = e.0.len();
@@ -229,7 +260,7 @@ impl Superblock {
         }
         let mut d = Dec(&b[8..n - 8]);
         let format = d.u32()?;
-        if format != SUPERBLOCK_FORMAT {
+        if !(1..=SUPERBLOCK_FORMAT).contains(&format) {
             return Err(SuperblockError::Format(format));
         }
         let generation = d.u64()?;
@@ -249,12 +280,36 @@ impl Superblock {
         let created_unix_s = d.u64()?;
         let log = match d.u8()? {
             0 => None,
-            1 => Some(LogGeometry {
-                physical_blocks: d.u64()?,
-                checkpoint_tracts: [d.u64()?, d.u64()?],
-                checkpoint_slot_tracts: d.u64()?,
-                log_first_tract: d.u64()?,
-            }),
+            1 => {
+                let physical_blocks = d.u64()?;
+                Some(LogGeometry {
+                    physical_blocks,
+                    checkpoint_tracts: [d.u64()?, d.u64()?],
+                    checkpoint_slot_tracts: d.u64()?,
+                    extents: vec![LogExtent { first_tract: d.u64()?, blocks: physical_blocks }],
+                })
+            }
+            2 if format >= 2 => {
+                let physical_blocks = d.u64()?;
+                let checkpoint_tracts = [d.u64()?, d.u64()?];
+                let checkpoint_slot_tracts = d.u64()?;
+                let n = d.u32()? as usize;
+                // Bounded before allocating.
+                if n == 0 || n > LOG_EXTENTS_MAX {
+                    return Err(SuperblockError::Field("log extents"));
+                }
+                let mut extents = Vec::with_capacity(n);
+                let mut sum = 0u64;
+                for _ in 0..n {
+                    let x = LogExtent { first_tract: d.u64()?, blocks: d.u64()? };
+                    sum = sum.checked_add(x.blocks).ok_or(SuperblockError::Field("log extents"))?;
+                    extents.push(x);
+                }
+                if sum != physical_blocks {
+                    return Err(SuperblockError::Field("log extents"));
+                }
+                Some(LogGeometry { physical_blocks, checkpoint_tracts, checkpoint_slot_tracts, extents })
+            }
             _ => return Err(SuperblockError::Field("log")),
         };
         if block_size == 0 || !block_size.is_power_of_two() || segment_tracts == 0 || replication == 0 {
@@ -273,6 +328,14 @@ impl Superblock {
             created_unix_s,
             log,
         }))
+    }
+
+    /// The format this superblock needs: 2 only for a log in several extents.
+    pub fn format(&self) -> u32 {
+        match &self.log {
+            Some(l) if l.extents.len() > 1 => 2,
+            _ => 1,
+        }
     }
 
     /// Picks the newest valid of the two copies.
@@ -315,7 +378,7 @@ mod tests {
                 physical_blocks: 200_000,
                 checkpoint_tracts: [1, 3],
                 checkpoint_slot_tracts: 2,
-                log_first_tract: 5,
+                extents: vec![LogExtent { first_tract: 5, blocks: 200_000 }],
             }),
         }
     }
@@ -345,6 +408,37 @@ mod tests {
         let mut torn_a = a.clone();
         torn_a[50] ^= 1;
         assert_eq!(Superblock::pick(&torn_a, &torn), Err(SuperblockError::Damaged));
+        Ok(())
+    }
+
+    /// A one-extent log is written as format 1 (older builds read it); a
+    /// log in several extents round-trips as format 2; inconsistent or
+    /// unbounded extent lists are refused.
+    #[test]
+    fn log_extents_round_trip_and_bounds() -> Result<(), SuperblockError> {
+        let s = sample();
+        assert_eq!(s.format(), 1);
+        assert_eq!(u32::from_le_bytes([s.encode()[8], s.encode()[9], s.encode()[10], s.encode()[11]]), 1);
+        let mut m = s.clone();
+        let l = m.log.as_mut().ok_or(SuperblockError::Field("log"))?;
+        l.physical_blocks = 300_000;
+        l.checkpoint_tracts = [60, 64];
+        l.checkpoint_slot_tracts = 4;
+        l.extents.push(LogExtent { first_tract: 68, blocks: 100_000 });
+        assert_eq!(m.format(), 2);
+        assert_eq!(Superblock::decode(&m.encode())?, Some(m.clone()));
+
+        let mut bad = m.clone();
+        if let Some(l) = bad.log.as_mut() {
+            l.physical_blocks += 1;
+        }
+        assert_eq!(Superblock::decode(&bad.encode()), Err(SuperblockError::Field("log extents")));
+        let mut many = m.clone();
+        if let Some(l) = many.log.as_mut() {
+            l.extents = vec![LogExtent { first_tract: 5, blocks: 1 }; LOG_EXTENTS_MAX + 1];
+            l.physical_blocks = l.extents.len() as u64;
+        }
+        assert_eq!(Superblock::decode(&many.encode()), Err(SuperblockError::Field("log extents")));
         Ok(())
     }
 }

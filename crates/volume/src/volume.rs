@@ -21,7 +21,7 @@ use crate::io::BlobIo;
 use crate::log::{LogEngine, LogGeom};
 use crate::striping::Striping;
 use crate::superblock::{
-    CommitMode, ExposureLimits, FlushPolicy, Superblock, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
+    CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
 };
 use crate::{PlantedBug, VolumeError};
 
@@ -204,15 +204,91 @@ impl Volume {
         Ok(())
     }
 
+    /// One superblock copy; `None` if the store reports it damaged (a
+    /// write torn by power loss), which makes it as invalid as a copy
+    /// whose CRC fails, so the other copy is used.
+    async fn read_copy(io: &Arc<dyn BlobIo>, copy: u32) -> Result<Option<Bytes>, VolumeError> {
+        match io.read(0, copy * SUPERBLOCK_COPY_LEN, SUPERBLOCK_COPY_LEN).await {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.is_corrupt() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn read_superblock(io: &Arc<dyn BlobIo>) -> Result<Superblock, VolumeError> {
-        let b = io.read(0, 0, 2 * SUPERBLOCK_COPY_LEN).await?;
-        let n = SUPERBLOCK_COPY_LEN as usize;
-        Ok(Superblock::pick(&b[..n], &b[n..])?)
+        match (Self::read_copy(io, 0).await?, Self::read_copy(io, 1).await?) {
+            (Some(a), Some(b)) => Ok(Superblock::pick(&a, &b)?),
+            (Some(x), None) | (None, Some(x)) => Ok(Superblock::decode(&x)?.ok_or(SuperblockError::Damaged)?),
+            (None, None) => Err(SuperblockError::Damaged.into()),
+        }
+    }
+
+    /// Log volumes, before the log runs: makes the superblock the same on
+    /// every replica and returns it.
+    ///
+    /// Why: a superblock write cut off by a crash may have reached some
+    /// replicas and not others, and a read picks one replica. A log
+    /// volume's superblock names the log's geometry, which a resize
+    /// changes; if one incarnation ran on the old geometry and a later one
+    /// read the new, the later one would recover from a checkpoint the
+    /// first's writes had overtaken. Superblock writes are issued one at a
+    /// time, each durable on every replica before the next, so at most one
+    /// copy is unsettled (the target of the write that was cut off) and the
+    /// other holds the last completed superblock. Either is a safe choice:
+    /// an update was prepared in full before it was issued (a resize makes
+    /// its checkpoint durable first) and nothing has run on it since. This
+    /// picks the newest copy intact on any replica seen and makes it the
+    /// newest on every replica — in place, or one generation up over the
+    /// unsettled copy — so every later open picks the same one.
+    async fn settle_superblock(io: &Arc<dyn BlobIo>) -> Result<Superblock, VolumeError> {
+        let n = SUPERBLOCK_COPY_LEN;
+        let mut settled = [true; 2];
+        let mut best: Option<(usize, Superblock)> = None;
+        for (c, settled) in settled.iter_mut().enumerate() {
+            let at = c as u32 * n;
+            let copies = match io.read_replicas(0, at, n).await {
+                Ok(v) => {
+                    *settled = v.windows(2).all(|w| w[0] == w[1]);
+                    v
+                }
+                Err(e) if e.is_corrupt() => {
+                    *settled = false;
+                    // A plain read skips the damaged replicas.
+                    match io.read(0, at, n).await {
+                        Ok(b) => vec![b],
+                        Err(e) if e.is_corrupt() => Vec::new(),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            };
+            for b in &copies {
+                if let Some(sb) = Superblock::decode(b)? {
+                    if best.as_ref().is_none_or(|(_, x)| sb.generation > x.generation) {
+                        best = Some((c, sb));
+                    }
+                }
+            }
+        }
+        let Some((from, mut sb)) = best else {
+            return Err(SuperblockError::Damaged.into());
+        };
+        if !settled[from] {
+            Self::write_superblock(io, &sb).await?;
+        }
+        if !settled[1 - from] {
+            sb.generation += 1;
+            Self::write_superblock(io, &sb).await?;
+        }
+        Ok(sb)
     }
 
     /// Opens the volume in `io`.
     pub async fn open(env: Env, io: Arc<dyn BlobIo>, planted: PlantedBug) -> Result<Volume, VolumeError> {
-        let sb = Self::read_superblock(&io).await?;
+        let mut sb = Self::read_superblock(&io).await?;
+        if sb.mode == CommitMode::Log {
+            sb = Self::settle_superblock(&io).await?;
+        }
         let striping = striping_for(&sb, io.tract_size());
         let engine = match sb.mode {
             CommitMode::WriteThrough => Engine::WriteThrough,
@@ -231,25 +307,53 @@ impl Volume {
         Ok(Volume { io, sb, striping, engine })
     }
 
-    /// Grows the volume to `size_bytes`.
+    /// Grows the volume to `size_bytes`. The superblock write is the
+    /// switch: a crash before it leaves the old size, after it the new.
+    /// A log volume also gets a bigger log first (`LogEngine::grow`;
+    /// design 0003, "Resizing a log volume").
     pub async fn resize(&mut self, size_bytes: u64) -> Result<(), VolumeError> {
         if size_bytes < self.sb.size_bytes {
             return Err(VolumeError::Invalid("volumes can only grow".into()));
         }
-        if self.sb.mode == CommitMode::Log {
-            return Err(VolumeError::Unsupported(
-                "log volumes cannot be resized yet (the log's permutation covers a fixed number of blocks)"
-                    .into(),
-            ));
-        }
         if !size_bytes.is_multiple_of(512) {
             return Err(VolumeError::Invalid("size must be a multiple of 512 bytes".into()));
         }
-        self.io.extend_to(self.striping.tracts_for(size_bytes)).await?;
         let mut sb = self.sb.clone();
         sb.size_bytes = size_bytes;
         sb.generation += 1;
-        Self::write_superblock(&self.io, &sb).await?;
+        match &self.engine {
+            Engine::Log(l) => {
+                let geom = l.geom();
+                if size_bytes.div_ceil(geom.block_size) > geom.vblocks {
+                    let new = geom.grow(size_bytes)?;
+                    let moved = new.ckpt_tracts != geom.ckpt_tracts;
+                    sb.log = Some(new.superblock_part());
+                    let (io, next) = (self.io.clone(), sb.clone());
+                    l.grow(new, async move { Self::write_superblock(&io, &next).await }).await?;
+                    if moved {
+                        // The superblock is durable on every replica: no
+                        // open can pick the old geometry again, so its
+                        // slots are free. Best effort: a crash here only
+                        // leaves their space in use.
+                        for &first in &geom.ckpt_tracts {
+                            for t in first..first + geom.ckpt_slot_tracts {
+                                if let Err(e) = self.io.trim(t, 0, geom.tract_size as u32).await {
+                                    tracing::warn!(tract = t, error = %e, "could not release an old checkpoint slot");
+                                }
+                            }
+                        }
+                    }
+                } else {
+                    // Still inside the last block: the log is unchanged and
+                    // the bytes gained were never writable, so read as zeros.
+                    Self::write_superblock(&self.io, &sb).await?;
+                }
+            }
+            Engine::WriteThrough | Engine::FastAck(_) => {
+                self.io.extend_to(self.striping.tracts_for(size_bytes)).await?;
+                Self::write_superblock(&self.io, &sb).await?;
+            }
+        }
         self.sb = sb;
         Ok(())
     }

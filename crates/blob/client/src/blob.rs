@@ -6,6 +6,7 @@
 //! the tract's content is then either old or new, possibly differing
 //! between replicas until it is written again).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -23,6 +24,10 @@ pub struct Blob {
     client: Client,
     meta: Arc<Mutex<BlobMeta>>,
 }
+
+/// Where a cached write was applied: each tractserver's address and the
+/// boot id it reported. [`Blob::sync`] of these makes the write durable.
+pub type CacheReceipt = Vec<(String, u64)>;
 
 impl Blob {
     pub(crate) fn new(client: Client, meta: BlobMeta) -> Blob {
@@ -128,6 +133,67 @@ impl Blob {
     /// Writes `data` at `offset` inside tract `tract`. Returns once durable
     /// on every replica.
     pub async fn write(&self, tract: u64, offset: u32, data: Bytes) -> Result<(), ClientError> {
+        self.write_to_replicas(tract, offset, data, false).await.map(|_| ())
+    }
+
+    /// Like [`Blob::write`], but returns once every replica has applied
+    /// the write, before it is durable there (a disk's volatile write
+    /// cache): it survives a tractserver process kill but not a power
+    /// loss. It is durable once [`Blob::sync`] of the returned receipt
+    /// succeeds.
+    pub async fn write_cached(
+        &self,
+        tract: u64,
+        offset: u32,
+        data: Bytes,
+    ) -> Result<CacheReceipt, ClientError> {
+        self.write_to_replicas(tract, offset, data, true).await
+    }
+
+    /// Makes the cached writes behind `receipt` (receipts may be merged)
+    /// durable: one `SyncDisk` to each tractserver named. Fails if a
+    /// tractserver cannot sync or restarted since it took the write (its
+    /// boot id changed): the caller must then write that data again.
+    pub async fn sync(&self, receipt: CacheReceipt) -> Result<(), ClientError> {
+        let mut servers: HashMap<String, Option<u64>> = HashMap::new();
+        for (addr, boot) in receipt {
+            let e = servers.entry(addr).or_insert(Some(boot));
+            if *e != Some(boot) {
+                // Two boot ids for one server: it restarted in between.
+                *e = None;
+            }
+        }
+        let c = &self.client;
+        let calls = servers.into_iter().map(|(addr, boot)| async move {
+            // One attempt: a failed sync leaves the writes' fate unknown,
+            // and only the caller can write them again.
+            let (reply, _) = c
+                .inner
+                .pool
+                .call(&addr, &Request::SyncDisk, Bytes::new())
+                .await
+                .map_err(|e| ClientError::Unavailable { attempts: 1, last: e.to_string() })?;
+            match (reply, boot) {
+                (Reply::Boot { boot: now }, Some(then)) if now == then => Ok(()),
+                (Reply::Boot { .. }, _) => Err(ClientError::Restarted { addr }),
+                (other, _) => Err(ClientError::Invalid(format!("{addr} answered a sync with {other:?}"))),
+            }
+        });
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Writes every replica of the tract's row; for a cached write, returns
+    /// the receipt of the attempt that succeeded.
+    async fn write_to_replicas(
+        &self,
+        tract: u64,
+        offset: u32,
+        data: Bytes,
+        cached: bool,
+    ) -> Result<CacheReceipt, ClientError> {
         self.check(offset, data.len())?;
         self.check_size(tract).await?;
         let crcs = piece_crcs(offset, &data);
@@ -139,17 +205,30 @@ impl Blob {
         for attempt in 0..attempts {
             let tlt = c.tlt();
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
-            let req = Request::WriteTract { addr: self.addr(tract, row.version), offset, crcs: crcs.clone() };
+            let (addr, crcs) = (self.addr(tract, row.version), crcs.clone());
+            let req = if cached {
+                Request::WriteTractCached { addr, offset, crcs }
+            } else {
+                Request::WriteTract { addr, offset, crcs }
+            };
             let calls = row.members.iter().take(r).map(|&m| {
                 let addr = tlt.members[m as usize].addr.clone();
                 let req = &req;
                 let data = data.clone();
-                async move { c.inner.pool.call(&addr, req, data).await }
+                async move { (c.inner.pool.call(&addr, req, data).await, addr) }
             });
             let results = futures::future::join_all(calls).await;
             let mut next: Option<Next> = None;
-            for res in results {
-                let Err(e) = res else { continue };
+            let mut receipt = CacheReceipt::new();
+            for (res, addr) in results {
+                let e = match res {
+                    Ok((Reply::Boot { boot }, _)) => {
+                        receipt.push((addr, boot));
+                        continue;
+                    }
+                    Ok(_) => continue,
+                    Err(e) => e,
+                };
                 last = e.to_string();
                 // The most decisive outcome wins: fail > refresh > back off.
                 next = Some(match (next, classify(&e)) {
@@ -159,7 +238,7 @@ impl Blob {
                 });
             }
             match next {
-                None => return Ok(()),
+                None => return Ok(receipt),
                 Some(Next::Fail(e)) => return Err(e),
                 Some(Next::Refresh) => {
                     c.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);

@@ -68,6 +68,8 @@ pub enum ClientError {
     Unavailable { attempts: u32, last: String },
     #[error("metadata server {addr}: {message}")]
     Meta { addr: String, message: String },
+    #[error("tractserver {addr} restarted while holding cached writes, which may be lost: write them again")]
+    Restarted { addr: String },
 }
 
 /// Counters, mostly for tests and status output.

@@ -18,5 +18,7 @@ mod blob;
 mod client;
 mod pool;
 
-pub use blob::Blob;
+/// Error codes a tractserver can answer with (inside [`ClientError::Rejected`]).
+pub use blizzard_proto::ErrorCode;
+pub use blob::{Blob, CacheReceipt};
 pub use client::{Client, ClientConfig, ClientError};

@@ -19,6 +19,10 @@ pub enum Opcode {
     DeleteTract = 0x0103,
     TrimTract = 0x0104,
     MappedTract = 0x0105,
+    // A tractserver's write cache: writes acknowledged before they are
+    // durable, made durable together by a sync (fast-ack destaging).
+    WriteTractCached = 0x0106,
+    SyncDisk = 0x0107,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -39,13 +43,15 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 19] = [
+    pub const ALL: [Opcode; 21] = [
         Opcode::Ping,
         Opcode::WriteTract,
         Opcode::ReadTract,
         Opcode::DeleteTract,
         Opcode::TrimTract,
         Opcode::MappedTract,
+        Opcode::WriteTractCached,
+        Opcode::SyncDisk,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -308,6 +314,19 @@ pub enum Request {
     MappedTract {
         addr: TractAddr,
     },
+    /// `WriteTract`, acknowledged once the server has applied it, before
+    /// it is durable (like a disk with a volatile write cache). The reply
+    /// carries the server's boot id; the write is durable after a
+    /// `SyncDisk` to the same server that reports the same boot id.
+    WriteTractCached {
+        addr: TractAddr,
+        offset: u32,
+        crcs: Vec<u32>,
+    },
+    /// Make every write this server has acknowledged durable; the reply
+    /// carries the boot id (a different one than a cached write's reply
+    /// means the server restarted in between and the write may be lost).
+    SyncDisk,
     CreateBlob {
         blob: BlobId,
         row_version: u64,
@@ -370,6 +389,8 @@ impl Request {
             Request::DeleteTract { .. } => Opcode::DeleteTract,
             Request::TrimTract { .. } => Opcode::TrimTract,
             Request::MappedTract { .. } => Opcode::MappedTract,
+            Request::WriteTractCached { .. } => Opcode::WriteTractCached,
+            Request::SyncDisk => Opcode::SyncDisk,
             Request::CreateBlob { .. } => Opcode::CreateBlob,
             Request::ExtendBlob { .. } => Opcode::ExtendBlob,
             Request::DeleteBlob { .. } => Opcode::DeleteBlob,
@@ -389,8 +410,12 @@ impl Request {
     pub fn encode(&self) -> bytes::Bytes {
         let mut w = Writer::new();
         match self {
-            Request::Ping | Request::ClusterStatus | Request::ClusterParams | Request::ListBlobs => {}
-            Request::WriteTract { addr, offset, crcs } => {
+            Request::Ping
+            | Request::ClusterStatus
+            | Request::ClusterParams
+            | Request::ListBlobs
+            | Request::SyncDisk => {}
+            Request::WriteTract { addr, offset, crcs } | Request::WriteTractCached { addr, offset, crcs } => {
                 addr.put(&mut w);
                 offset.put(&mut w);
                 crcs.put(&mut w);
@@ -450,8 +475,12 @@ impl Request {
             Opcode::ClusterStatus => Request::ClusterStatus,
             Opcode::ClusterParams => Request::ClusterParams,
             Opcode::ListBlobs => Request::ListBlobs,
+            Opcode::SyncDisk => Request::SyncDisk,
             Opcode::WriteTract => {
                 Request::WriteTract { addr: Wire::get(r)?, offset: Wire::get(r)?, crcs: Wire::get(r)? }
+            }
+            Opcode::WriteTractCached => {
+                Request::WriteTractCached { addr: Wire::get(r)?, offset: Wire::get(r)?, crcs: Wire::get(r)? }
             }
             Opcode::ReadTract => {
                 Request::ReadTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
@@ -619,6 +648,11 @@ pub enum Reply {
     Mapped {
         bitmap: Vec<u8>,
     },
+    /// The server's boot id: random, new each time it starts. Cached writes
+    /// survive (until synced) only while it stays the same.
+    Boot {
+        boot: u64,
+    },
     Blob(BlobMeta),
     Blobs(Vec<BlobMeta>),
     Heartbeat(HeartbeatReply),
@@ -645,6 +679,7 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::Done => {}
                 Reply::Read { crcs } => crcs.put(&mut w),
                 Reply::Mapped { bitmap } => bitmap.put(&mut w),
+                Reply::Boot { boot } => boot.put(&mut w),
                 Reply::Blob(m) => m.put(&mut w),
                 Reply::Blobs(v) => v.put(&mut w),
                 Reply::Heartbeat(h) => h.put(&mut w),
@@ -675,6 +710,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             | Opcode::AssignRows => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
+            Opcode::WriteTractCached | Opcode::SyncDisk => Reply::Boot { boot: Wire::get(r)? },
             Opcode::ListBlobs => Reply::Blobs(Wire::get(r)?),
             Opcode::CreateBlob | Opcode::ExtendBlob | Opcode::DeleteBlob | Opcode::GetBlob => {
                 Reply::Blob(Wire::get(r)?)
@@ -732,6 +768,8 @@ mod tests {
             Request::DeleteTract { addr: addr() },
             Request::TrimTract { addr: addr(), offset: 4096, len: 8192 },
             Request::MappedTract { addr: addr() },
+            Request::WriteTractCached { addr: addr(), offset: 8192, crcs: vec![1, 2] },
+            Request::SyncDisk,
             Request::ListBlobs,
             Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
             Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
@@ -799,6 +837,8 @@ mod tests {
             (Opcode::Ping, Ok(Reply::Done)),
             (Opcode::ReadTract, Ok(Reply::Read { crcs: vec![1, 2, 3] })),
             (Opcode::MappedTract, Ok(Reply::Mapped { bitmap: vec![0b1010_0001, 0, 0xff] })),
+            (Opcode::WriteTractCached, Ok(Reply::Boot { boot: 0x0123_4567_89ab_cdef })),
+            (Opcode::SyncDisk, Ok(Reply::Boot { boot: 7 })),
             (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
             (Opcode::GetTlt, Ok(Reply::Tlt(None))),
             (

@@ -16,4 +16,4 @@ pub mod service;
 pub mod store;
 
 pub use server::{start, TractServerConfig, TractServerError, TractServerHandle};
-pub use store::{PlantedBug, Store, StoreError};
+pub use store::{Durability, PlantedBug, Store, StoreError};

@@ -22,10 +22,12 @@ use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_env::Env;
 use blizzard_proto::codec::{decode, encode};
-use blizzard_proto::{Assignment, BlobMeta, ErrorCode, ErrorReply, ExtendMode, Reply, Request, TractAddr};
+use blizzard_proto::{
+    Assignment, BlobMeta, ErrorCode, ErrorReply, ExtendMode, Opcode, Reply, Request, TractAddr,
+};
 use blizzard_rpc::{RpcConn, RpcError, Service};
 
-use crate::store::{Store, StoreError};
+use crate::store::{Durability, Store, StoreError};
 
 /// Largest blob size in tracts (keeps tract numbers far from overflow).
 pub const BLOB_TRACTS_MAX: u64 = 1 << 40;
@@ -125,6 +127,9 @@ pub struct TractService {
     pub inflight: AtomicU32,
     /// Set when the metadata server says this server is no longer a member.
     pub fenced: std::sync::atomic::AtomicBool,
+    /// Random, new at every start: a client holding cached (unsynced)
+    /// writes learns from a changed boot id that they may be gone.
+    pub boot: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -170,6 +175,7 @@ fn decode_meta(b: &[u8]) -> Option<BlobMeta> {
 impl TractService {
     pub fn new(env: Env, store: Arc<Store>, meta_addr: String, rows: RowIndex) -> TractService {
         TractService {
+            boot: env.random_u64(),
             env,
             store,
             rows: RwLock::new(rows),
@@ -284,18 +290,37 @@ impl TractService {
     }
 
     async fn handle(self: Arc<Self>, req: Request, data: Bytes) -> (Result<Reply, ErrorReply>, Bytes) {
+        let op = req.opcode();
         match req {
             Request::Ping => (Ok(Reply::Done), Bytes::new()),
-            Request::WriteTract { addr, offset, crcs } => {
+            Request::WriteTract { addr, offset, crcs } | Request::WriteTractCached { addr, offset, crcs } => {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
                 }
                 self.injected_delay(data.len() as u64).await;
+                let (durable, reply) = if op == Opcode::WriteTract {
+                    (Durability::Synced, Reply::Done)
+                } else {
+                    (Durability::Cached, Reply::Boot { boot: self.boot })
+                };
                 let r = self
                     .store
-                    .write(addr.blob, addr.incarnation, addr.tract, addr.row_version, offset, data, &crcs)
+                    .write_with(
+                        addr.blob,
+                        addr.incarnation,
+                        addr.tract,
+                        addr.row_version,
+                        offset,
+                        data,
+                        &crcs,
+                        durable,
+                    )
                     .await;
-                (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+                (r.map(|_| reply).map_err(store_err), Bytes::new())
+            }
+            Request::SyncDisk => {
+                let r = self.store.sync().await;
+                (r.map(|_| Reply::Boot { boot: self.boot }).map_err(store_err), Bytes::new())
             }
             Request::ReadTract { addr, offset, len } => {
                 if let Err(e) = self.data_check(&addr) {

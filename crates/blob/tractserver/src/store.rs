@@ -102,6 +102,15 @@ struct Index {
     quarantined: u32,
 }
 
+/// When a write is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Once durable (a group commit after it completed).
+    Synced,
+    /// Once applied; durable after a later sync.
+    Cached,
+}
+
 /// Bugs planted on purpose, so tests can show that the checkers catch
 /// them. Only the simulator and tests set one; nothing else can.
 #[doc(hidden)]
@@ -461,6 +470,32 @@ impl Store {
         data: Bytes,
         crcs: &[u32],
     ) -> Result<(), StoreError> {
+        self.write_with(blob, incarnation, tract, version, offset, data, crcs, Durability::Synced).await
+    }
+
+    /// Makes every write applied so far durable (one group commit).
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        self.commit.sync().await.map_err(|_| StoreError::Failed)
+    }
+
+    /// [`Store::write`], returning once durable (`Synced`) or once applied
+    /// (`Cached`: durable after the next [`Store::sync`], and it survives
+    /// a kill of this process, since the kernel holds it).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_with(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        version: u64,
+        offset: u32,
+        data: Bytes,
+        crcs: &[u32],
+        durability: Durability,
+    ) -> Result<(), StoreError> {
         if self.commit.failed() {
             return Err(StoreError::Failed);
         }
@@ -589,7 +624,7 @@ impl Store {
         drop(g);
         // Durable before acknowledged: wait for a group commit that started
         // after our writes completed.
-        if !self.planted(PlantedBug::AckBeforeSync) {
+        if durability == Durability::Synced && !self.planted(PlantedBug::AckBeforeSync) {
             self.commit.sync().await.map_err(|_| StoreError::Failed)?;
         }
         self.stats.writes.fetch_add(1, Ordering::Relaxed);

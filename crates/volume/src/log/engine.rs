@@ -2,6 +2,7 @@
 //! recovery. See `log/mod.rs` for the design and its invariants.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -11,14 +12,14 @@ use tokio::sync::Notify;
 use blizzard_env::{Env, Instant};
 
 use super::perm::Permutation;
-use super::record::{decode_block, encode_header, BlockHeader, Checkpoint, Kind, HEADER_LEN, UNMAPPED};
+use super::record::{decode_header, encode_header, BlockHeader, Checkpoint, Kind, HEADER_LEN, UNMAPPED};
 use crate::cache::{Data, WriteCache};
 use crate::io::BlobIo;
-use crate::superblock::{ExposureLimits, LogGeometry};
+use crate::superblock::{ExposureLimits, LogExtent, LogGeometry, LOG_EXTENTS_MAX};
 use crate::{PlantedBug, VolumeError};
 
 /// Where the log lives in the blob.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogGeom {
     pub tract_size: u64,
     pub block_size: u64,
@@ -29,7 +30,24 @@ pub struct LogGeom {
     pub pblocks: u64,
     pub ckpt_tracts: [u64; 2],
     pub ckpt_slot_tracts: u64,
-    pub log_first_tract: u64,
+    /// Where the physical blocks live, in order (see [`LogGeometry`]). The
+    /// last extent is always the last region of the blob, so growing the
+    /// log without moving the checkpoints only lengthens it.
+    pub extents: Vec<LogExtent>,
+}
+
+/// Physical blocks for `vblocks` virtual ones. Slack lets writes find free
+/// blocks while superseded ones wait for the next checkpoint.
+fn pblocks_for(vblocks: u64) -> u64 {
+    vblocks + (vblocks / 4).max(32)
+}
+
+fn vblocks_for(size: u64, block_size: u64) -> Result<u64, VolumeError> {
+    let vblocks = size.div_ceil(block_size);
+    if vblocks >= UNMAPPED as u64 / 2 {
+        return Err(VolumeError::Invalid("too many blocks for a log volume; use a larger block size".into()));
+    }
+    Ok(vblocks)
 }
 
 impl LogGeom {
@@ -41,15 +59,8 @@ impl LogGeom {
                 "log mode needs block size + 4 KiB ({stride}) to fit in a tract ({tract_size}); pick a smaller block size"
             )));
         }
-        let vblocks = size.div_ceil(block_size);
-        if vblocks >= UNMAPPED as u64 / 2 {
-            return Err(VolumeError::Invalid(
-                "too many blocks for a log volume; use a larger block size".into(),
-            ));
-        }
-        // Slack lets writes find free blocks while superseded ones wait for
-        // the next checkpoint.
-        let pblocks = vblocks + (vblocks / 4).max(32);
+        let vblocks = vblocks_for(size, block_size)?;
+        let pblocks = pblocks_for(vblocks);
         let ckpt = Checkpoint::encoded_len(vblocks);
         let slot = ckpt.div_ceil(tract_size);
         Ok(LogGeom {
@@ -61,8 +72,47 @@ impl LogGeom {
             pblocks,
             ckpt_tracts: [1, 1 + slot],
             ckpt_slot_tracts: slot,
-            log_first_tract: 1 + 2 * slot,
+            extents: vec![LogExtent { first_tract: 1 + 2 * slot, blocks: pblocks }],
         })
+    }
+
+    /// The geometry of this log grown to `size` bytes (more virtual
+    /// blocks than now). Blocks `0..pblocks` stay where they are, so the
+    /// block map needs no copying; new physical blocks are appended. If the
+    /// bigger checkpoint still fits its slots, the last extent (always at
+    /// the end of the blob) just gets longer; otherwise new, larger slots
+    /// go after the end of the blob, followed by a new extent for the new
+    /// blocks. The old slots are then unused.
+    pub fn grow(&self, size: u64) -> Result<LogGeom, VolumeError> {
+        let vblocks = vblocks_for(size, self.block_size)?;
+        if vblocks <= self.vblocks {
+            return Err(VolumeError::Invalid("a log grows only by adding blocks".into()));
+        }
+        let pblocks = pblocks_for(vblocks).max(self.pblocks);
+        let added = pblocks - self.pblocks;
+        let mut g = self.clone();
+        g.vblocks = vblocks;
+        g.pblocks = pblocks;
+        if Checkpoint::encoded_len(vblocks) <= self.ckpt_slot_tracts * self.tract_size {
+            if let Some(last) = g.extents.last_mut() {
+                last.blocks += added;
+            }
+            return Ok(g);
+        }
+        if self.extents.len() >= LOG_EXTENTS_MAX {
+            return Err(VolumeError::Unsupported(format!(
+                "this log volume has been grown past its checkpoint space {LOG_EXTENTS_MAX} times; grow it in fewer, larger steps"
+            )));
+        }
+        // Room for twice the blocks, so the slots move O(log growth) times.
+        // It costs tract numbers only: a checkpoint writes its own length.
+        let room = (vblocks * 2).min(UNMAPPED as u64 / 2);
+        let slot = Checkpoint::encoded_len(room).div_ceil(self.tract_size);
+        let end = self.total_tracts();
+        g.ckpt_tracts = [end, end + slot];
+        g.ckpt_slot_tracts = slot;
+        g.extents.push(LogExtent { first_tract: end + 2 * slot, blocks: added });
+        Ok(g)
     }
 
     pub fn from_superblock(l: &LogGeometry, size: u64, block_size: u64, tract_size: u64) -> LogGeom {
@@ -76,7 +126,7 @@ impl LogGeom {
             pblocks: l.physical_blocks,
             ckpt_tracts: l.checkpoint_tracts,
             ckpt_slot_tracts: l.checkpoint_slot_tracts,
-            log_first_tract: l.log_first_tract,
+            extents: l.extents.clone(),
         }
     }
 
@@ -85,16 +135,31 @@ impl LogGeom {
             physical_blocks: self.pblocks,
             checkpoint_tracts: self.ckpt_tracts,
             checkpoint_slot_tracts: self.ckpt_slot_tracts,
-            log_first_tract: self.log_first_tract,
+            extents: self.extents.clone(),
         }
     }
 
+    /// Tracts the blob needs: up to the end of the last region in use.
     pub fn total_tracts(&self) -> u64 {
-        self.log_first_tract + self.pblocks.div_ceil(self.per_tract)
+        let slots = self.ckpt_tracts.iter().map(|t| t + self.ckpt_slot_tracts);
+        let logs = self.extents.iter().map(|x| x.first_tract + x.blocks.div_ceil(self.per_tract));
+        slots.chain(logs).max().unwrap_or(1)
     }
 
-    fn loc(&self, p: u64) -> (u64, u32) {
-        (self.log_first_tract + p / self.per_tract, ((p % self.per_tract) * self.stride) as u32)
+    /// Tract and byte offset of physical block `p`.
+    pub fn loc(&self, p: u64) -> (u64, u32) {
+        let mut rel = p;
+        let mut first = 0;
+        for (i, x) in self.extents.iter().enumerate() {
+            first = x.first_tract;
+            // `p < pblocks` always lands inside an extent; anything else
+            // maps past the last one, as a single-extent log always did.
+            if rel < x.blocks || i + 1 == self.extents.len() {
+                break;
+            }
+            rel -= x.blocks;
+        }
+        (first + rel / self.per_tract, ((rel % self.per_tract) * self.stride) as u32)
     }
 }
 
@@ -107,6 +172,9 @@ struct Pending {
 }
 
 struct State {
+    /// Changes only in [`LogEngine::grow`], with the log drained; blocks
+    /// keep their location across a change, so a read may use either.
+    geom: Arc<LogGeom>,
     map: Vec<u32>,
     alloc: Vec<bool>,
     /// Superseded since the last checkpoint: still allocated until the next
@@ -127,12 +195,17 @@ struct State {
     /// spans a release retries (its physical block may have been reused).
     free_gen: u64,
     out_bytes: u64,
+    /// Set when a resize's superblock write failed: it may have reached
+    /// some replicas, so this incarnation must not write under either
+    /// geometry; reopening settles the superblock and picks one.
+    fenced: Option<String>,
 }
 
 pub struct LogEngine {
     env: Env,
     io: Arc<dyn BlobIo>,
-    pub geom: LogGeom,
+    /// Fixed at creation (the geometry's may be read without the lock).
+    block_size: u64,
     limits: ExposureLimits,
     planted: PlantedBug,
     state: Mutex<State>,
@@ -177,7 +250,11 @@ impl LogEngine {
     ) -> Result<Arc<LogEngine>, VolumeError> {
         let mut best: Option<Checkpoint> = None;
         for slot in 0..2 {
-            if let Some(c) = read_checkpoint(&io, &geom, slot).await? {
+            // A checkpoint belongs to exactly one geometry: one for another
+            // size (left by a resize that did not commit, or overwritten
+            // by one) is not a candidate.
+            let found = read_checkpoint(&io, &geom, slot).await?.filter(|c| c.perm.n == geom.pblocks);
+            if let Some(c) = found {
                 if best.as_ref().is_none_or(|b| c.seq > b.seq) {
                     best = Some(c);
                 }
@@ -195,6 +272,7 @@ impl LogEngine {
             }
         }
         let mut st = State {
+            geom: Arc::new(geom.clone()),
             map: ckpt.map.clone(),
             alloc,
             pending_free: Vec::new(),
@@ -210,15 +288,16 @@ impl LogEngine {
             ckpt_running: false,
             free_gen: 0,
             out_bytes: 0,
+            fenced: None,
         };
-        let rolled = roll_forward(&io, &geom, &mut st, planted).await?;
+        let rolled = roll_forward(&io, &mut st, planted).await?;
         tracing::debug!(checkpoint = ckpt.seq, rolled, next_lsn = st.next_lsn, "log volume recovered");
         // A crash closes the epoch it happened in.
         st.curr_epoch += 1;
         let engine = Arc::new(LogEngine {
             env,
             io,
-            geom,
+            block_size: geom.block_size,
             limits,
             planted,
             state: Mutex::new(st),
@@ -236,7 +315,21 @@ impl LogEngine {
     }
 
     fn bs(&self) -> u64 {
-        self.geom.block_size
+        self.block_size
+    }
+
+    /// The log's current geometry.
+    pub fn geom(&self) -> Arc<LogGeom> {
+        self.lock().geom.clone()
+    }
+
+    fn fenced(st: &State) -> Result<(), VolumeError> {
+        match &st.fenced {
+            None => Ok(()),
+            Some(why) => Err(VolumeError::Unsupported(format!(
+                "{why}; reopen the volume (recovery settles the superblock)"
+            ))),
+        }
     }
 
     /// Undurable writes and bytes.
@@ -341,6 +434,7 @@ impl LogEngine {
             notified.as_mut().enable();
             let assigned = {
                 let mut st = self.lock();
+                Self::fenced(&st)?;
                 if st.quiescing {
                     None
                 } else if let Some(phys) = alloc_next(&mut st) {
@@ -358,7 +452,7 @@ impl LogEngine {
                         Pending { vblock: v, phys, kind, durable: false, acked_at: self.env.now() },
                     );
                     let h = BlockHeader { kind, vblock: v, epoch: st.curr_epoch, lsn, ckpt_seq: st.ckpt_seq };
-                    Some((lsn, phys, h))
+                    Some((lsn, phys, h, st.geom.clone()))
                 } else {
                     // Every free block is waiting for a checkpoint to be
                     // released: take one, then try again.
@@ -367,15 +461,15 @@ impl LogEngine {
                     None
                 }
             };
-            let Some((lsn, phys, h)) = assigned else {
+            let Some((lsn, phys, h, geom)) = assigned else {
                 notified.await;
                 continue;
             };
             let me = self.clone();
             tokio::spawn(async move {
                 let payload = data.unwrap_or_default();
-                let (tract, off) = me.geom.loc(phys as u64);
-                let mut expanded = BytesMut::with_capacity(me.geom.stride as usize);
+                let (tract, off) = geom.loc(phys as u64);
+                let mut expanded = BytesMut::with_capacity(geom.stride as usize);
                 if payload.is_empty() {
                     // A trim record has no data; its data part is left as is.
                     expanded.extend_from_slice(&encode_header(&h, &[]));
@@ -383,7 +477,7 @@ impl LogEngine {
                     expanded.extend_from_slice(&payload);
                     expanded.extend_from_slice(&encode_header(&h, &payload));
                 }
-                let at = if payload.is_empty() { off + me.geom.block_size as u32 } else { off };
+                let at = if payload.is_empty() { off + geom.block_size as u32 } else { off };
                 let expanded = expanded.freeze();
                 loop {
                     match me.io.write(tract, at, expanded.clone()).await {
@@ -428,7 +522,7 @@ impl LogEngine {
                     _ => break,
                 }
             }
-            let slack = (self.geom.pblocks - self.geom.vblocks) as usize;
+            let slack = (st.geom.pblocks - st.geom.vblocks) as usize;
             (st.since_ckpt >= CKPT_EVERY || st.pending_free.len() > slack / 2) && !st.ckpt_running
         };
         if want_ckpt {
@@ -488,12 +582,12 @@ impl LogEngine {
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
         let bs = self.bs();
         loop {
-            let (snap, maps, gen) = {
+            let (snap, maps, gen, geom) = {
                 let st = self.lock();
                 let first = offset / bs;
                 let last = (offset + len - 1) / bs;
                 let maps: Vec<u32> = (first..=last).map(|v| st.map[v as usize]).collect();
-                (st.cache.snapshot(offset, len), maps, st.free_gen)
+                (st.cache.snapshot(offset, len), maps, st.free_gen, st.geom.clone())
             };
             let mut buf = BytesMut::zeroed(len as usize);
             let first = offset / bs;
@@ -503,7 +597,7 @@ impl LogEngine {
                 }
                 let v = first + i as u64;
                 let (a, b) = (offset.max(v * bs), (offset + len).min((v + 1) * bs));
-                let (tract, off) = self.geom.loc(p as u64);
+                let (tract, off) = geom.loc(p as u64);
                 let fut = self.io.read(tract, off + (a - v * bs) as u32, (b - a) as u32);
                 Some(async move { (a, fut.await) })
             });
@@ -548,10 +642,10 @@ impl LogEngine {
         r
     }
 
-    async fn checkpoint_inner(self: &Arc<Self>) -> Result<(), VolumeError> {
-        let _one = self.ckpt_lock.lock().await;
-        // Quiesce: new writes wait; the log drains to a point where every
-        // assigned record is applied.
+    /// Quiesce: new writes wait; the log drains to a point where every
+    /// assigned record is applied. The caller holds `ckpt_lock` and clears
+    /// `quiescing` when done.
+    async fn drain(&self) {
         self.lock().quiescing = true;
         if self.planted != PlantedBug::AdvanceMapOutOfOrder {
             loop {
@@ -564,18 +658,27 @@ impl LogEngine {
                 notified.await;
             }
         }
-        let c = {
+    }
+
+    async fn checkpoint_inner(self: &Arc<Self>) -> Result<(), VolumeError> {
+        let _one = self.ckpt_lock.lock().await;
+        // A fenced incarnation must not write under a geometry the
+        // superblock may no longer name.
+        Self::fenced(&self.lock())?;
+        self.drain().await;
+        let (c, geom) = {
             let st = self.lock();
-            Checkpoint {
+            let c = Checkpoint {
                 seq: st.ckpt_seq + 1,
                 next_lsn: st.next_lsn,
                 epoch: st.curr_epoch,
                 perm: st.perm,
                 map: st.map.clone(),
-            }
+            };
+            (c, st.geom.clone())
         };
         let written = loop {
-            match write_checkpoint(&self.io, &self.geom, &c).await {
+            match write_checkpoint(&self.io, &geom, &c).await {
                 Ok(()) => break Ok(()),
                 Err(e) => {
                     tracing::warn!(error = %e, "checkpoint write failed; retrying");
@@ -600,6 +703,84 @@ impl LogEngine {
         self.changed.notify_waiters();
         written
     }
+
+    /// Grows the log to `new` (from [`LogGeom::grow`]); `commit` writes
+    /// the superblock that names it. Steps, each durable before the next
+    /// (design 0003, "Resizing a log volume"):
+    ///
+    /// 1. drain the log; new writes wait until the end;
+    /// 2. extend the blob to the new geometry's tracts;
+    /// 3. write checkpoint seq+1 *in the new geometry*: the current block
+    ///    map (unmapped for the new blocks) and a fresh permutation over
+    ///    the new physical block count. The old geometry never reads it: it
+    ///    is in the new slots (or, in a shared slot, the one the old
+    ///    geometry's newest checkpoint is not in) and decodes only for the
+    ///    new block counts;
+    /// 4. `commit`: the superblock, the one switch between geometries;
+    /// 5. switch in memory and release blocks superseded since the last
+    ///    checkpoint (the new checkpoint does not reference them).
+    ///
+    /// Nothing is written to the log between 1 and 5, so the old
+    /// geometry's state stays exactly as it was until the superblock
+    /// names the new one. A failure before 4 leaves the old geometry in
+    /// use; a failed 4 fences this incarnation (see `State::fenced`).
+    pub async fn grow<F>(self: &Arc<Self>, new: LogGeom, commit: F) -> Result<(), VolumeError>
+    where
+        F: Future<Output = Result<(), VolumeError>>,
+    {
+        let _one = self.ckpt_lock.lock().await;
+        Self::fenced(&self.lock())?;
+        self.drain().await;
+        let c = {
+            let st = self.lock();
+            let mut map = st.map.clone();
+            map.resize(new.vblocks as usize, UNMAPPED);
+            Checkpoint {
+                seq: st.ckpt_seq + 1,
+                next_lsn: st.next_lsn,
+                epoch: st.curr_epoch,
+                perm: Permutation::new(new.pblocks, self.env.random_u64()),
+                map,
+            }
+        };
+        let prepared = async {
+            self.io.extend_to(new.total_tracts()).await?;
+            write_checkpoint(&self.io, &new, &c).await
+        }
+        .await;
+        let committed = match prepared {
+            Ok(()) => commit.await,
+            Err(e) => {
+                self.lock().quiescing = false;
+                self.changed.notify_waiters();
+                return Err(e);
+            }
+        };
+        {
+            let mut st = self.lock();
+            st.quiescing = false;
+            if let Err(e) = &committed {
+                st.fenced = Some(format!("a resize failed writing the superblock ({e})"));
+            } else {
+                let mut alloc = vec![false; new.pblocks as usize];
+                for &p in &c.map {
+                    if let Some(a) = alloc.get_mut(p as usize) {
+                        *a = true;
+                    }
+                }
+                st.alloc = alloc;
+                st.pending_free.clear();
+                st.map = c.map;
+                st.perm = c.perm;
+                st.ckpt_seq = c.seq;
+                st.geom = Arc::new(new);
+                st.free_gen += 1;
+                st.since_ckpt = 0;
+            }
+        }
+        self.changed.notify_waiters();
+        committed
+    }
 }
 
 /// The next free physical block in permutation order, marked allocated.
@@ -615,7 +796,14 @@ fn alloc_next(st: &mut State) -> Option<u32> {
 }
 
 async fn write_checkpoint(io: &Arc<dyn BlobIo>, geom: &LogGeom, c: &Checkpoint) -> Result<(), VolumeError> {
-    let bytes = Bytes::from(c.encode());
+    let mut bytes = c.encode();
+    // Whole chunks only: a tractserver merges a partial chunk with the old
+    // one, which fails if a crash left that chunk corrupt, and the slot
+    // could then never be rewritten. The slot is whole tracts, so it fits.
+    let chunk = blizzard_core::limits::CHUNK_SIZE as usize;
+    let room = (geom.ckpt_slot_tracts * geom.tract_size) as usize;
+    bytes.resize(bytes.len().next_multiple_of(chunk).min(room.max(bytes.len())), 0);
+    let bytes = Bytes::from(bytes);
     let first = geom.ckpt_tracts[(c.seq % 2) as usize];
     let ts = geom.tract_size as usize;
     let writes = bytes.chunks(ts).enumerate().map(|(i, _)| {
@@ -639,20 +827,105 @@ async fn read_checkpoint(
     let reads = (0..len.div_ceil(ts)).map(|i| io.read(first + i as u64, 0, (len - i * ts).min(ts) as u32));
     let mut buf = Vec::with_capacity(len);
     for r in futures::future::join_all(reads).await {
-        buf.extend_from_slice(&r?);
+        match r {
+            Ok(b) => buf.extend_from_slice(&b),
+            // A checkpoint write torn by power loss reads as damaged, just
+            // as one torn at chunk granularity fails its CRC: the other
+            // slot holds the previous checkpoint, which is still complete
+            // (blocks it references are released only after the newer
+            // checkpoint is durable).
+            Err(e) if e.is_corrupt() => {
+                tracing::warn!(slot, error = %e, "checkpoint slot unreadable; using the other");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(Checkpoint::decode(&buf, geom.vblocks))
+}
+
+/// The range from every replica, or `None` if any replica holds it
+/// damaged. Failures that are not damage (a server unreachable) are
+/// errors: recovery must not mistake an outage for the end of the log.
+async fn read_intact(
+    io: &Arc<dyn BlobIo>,
+    tract: u64,
+    offset: u32,
+    len: u32,
+) -> Result<Option<Bytes>, VolumeError> {
+    match io.read_replicas(tract, offset, len).await {
+        // Replicas of a write in flight at the crash may differ: only a
+        // block the same on every replica was written whole.
+        Ok(copies) if copies.windows(2).all(|w| w[0] == w[1]) => Ok(copies.into_iter().next()),
+        Ok(_) => Ok(None),
+        Err(e) if e.is_corrupt() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What roll-forward accepts at the next position.
+struct Expect {
+    lsn: u64,
+    ckpt_seq: u64,
+    vblocks: u64,
+    planted: PlantedBug,
+}
+
+/// The record at physical block `p` if it is the next one: intact on
+/// every replica, with the expected LSN and checkpoint seq. `None` for
+/// anything else, damaged included.
+///
+/// The header chunk is read first. It alone decides a trim record: a trim
+/// is written as its header chunk only and its CRC covers the header only,
+/// so its data part holds whatever the block held before, possibly bytes a
+/// crash tore, which must not make an intact, acknowledged trim (and every
+/// record after it) unrecoverable. A data record's data part is read only
+/// once its header says it is the next record.
+async fn next_record(
+    io: &Arc<dyn BlobIo>,
+    geom: &LogGeom,
+    p: u64,
+    want: &Expect,
+) -> Result<Option<BlockHeader>, VolumeError> {
+    let (tract, off) = geom.loc(p);
+    let bs = geom.block_size as u32;
+    let Some(hdr) = read_intact(io, tract, off + bs, HEADER_LEN).await? else { return Ok(None) };
+    let Some(raw) = decode_header(&hdr) else { return Ok(None) };
+    let h = raw.header;
+    let is_next =
+        want.planted == PlantedBug::ReuseWithoutSeq || (h.lsn == want.lsn && h.ckpt_seq == want.ckpt_seq);
+    if !is_next || h.vblock >= want.vblocks {
+        return Ok(None);
+    }
+    let data = match h.kind {
+        Kind::Trim => Bytes::new(),
+        Kind::Data => match read_intact(io, tract, off, bs).await? {
+            Some(d) => d,
+            None => return Ok(None),
+        },
+    };
+    if want.planted != PlantedBug::SkipReadCrc && !raw.crc_holds(&data) {
+        return Ok(None);
+    }
+    Ok(Some(h))
 }
 
 /// Roll-forward (recovery): from the checkpoint's position, visit free
 /// physical blocks in permutation order and apply each that is the next
 /// record, stopping at the first that is not. Returns records applied.
-async fn roll_forward(
-    io: &Arc<dyn BlobIo>,
-    geom: &LogGeom,
-    st: &mut State,
-    planted: PlantedBug,
-) -> Result<u64, VolumeError> {
+///
+/// A block that cannot be read intact (replicas differ, its CRC fails, or
+/// the store reports it `Corrupt`: a chunk torn by power loss) is treated
+/// exactly like any other block that is not the next record: the end of
+/// the log. That is always prefix-consistent, and it loses nothing a flush
+/// promised: a record is applied, and a durable flush returns, only once
+/// it and every earlier record were durable on every replica, so a block
+/// the crash tore (in flight, never applied) comes after the last record
+/// any flush covered. Recovery cannot tell such a block from an applied
+/// one damaged later on every replica; ending the log there keeps the
+/// volume openable and consistent rather than unrecoverable.
+async fn roll_forward(io: &Arc<dyn BlobIo>, st: &mut State, planted: PlantedBug) -> Result<u64, VolumeError> {
+    let geom = st.geom.clone();
     let mut applied = 0;
     let mut visited = 0;
     let mut skipped_hole = false;
@@ -663,19 +936,10 @@ async fn roll_forward(
         if st.alloc[p as usize] {
             continue;
         }
-        let (tract, off) = geom.loc(p);
-        let copies = io.read_replicas(tract, off, geom.stride as u32).await?;
-        let agree = copies.windows(2).all(|w| w[0] == w[1]);
-        let header = copies
-            .first()
-            .filter(|_| agree)
-            .and_then(|b| decode_block(b, geom.block_size as usize, planted != PlantedBug::SkipReadCrc));
         let expected = st.next_lsn;
-        let seq_ok = |h: &BlockHeader| {
-            planted == PlantedBug::ReuseWithoutSeq || (h.lsn == expected && h.ckpt_seq == st.ckpt_seq)
-        };
-        match header.filter(seq_ok) {
-            Some(h) if (h.vblock as usize) < st.map.len() => {
+        let want = Expect { lsn: expected, ckpt_seq: st.ckpt_seq, vblocks: st.map.len() as u64, planted };
+        match next_record(io, &geom, p, &want).await? {
+            Some(h) => {
                 let v = h.vblock as usize;
                 let old = st.map[v];
                 if old != UNMAPPED {
@@ -694,13 +958,13 @@ async fn roll_forward(
                 st.applied_lsn = st.next_lsn;
                 applied += 1;
             }
-            _ if planted == PlantedBug::RollForwardPastHole && !skipped_hole => {
+            None if planted == PlantedBug::RollForwardPastHole && !skipped_hole => {
                 // Planted: step over one hole and keep going.
                 skipped_hole = true;
                 st.next_lsn += 1;
                 st.applied_lsn = st.next_lsn;
             }
-            _ => {
+            None => {
                 // The writer's next record goes here.
                 st.perm = saved;
                 break;
@@ -708,4 +972,54 @@ async fn roll_forward(
         }
     }
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every physical block has its own place, inside the blob, clear of
+    /// both checkpoint slots, and unmoved by growth.
+    fn check_layout(g: &LogGeom, before: Option<&LogGeom>) {
+        let mut seen = std::collections::HashSet::new();
+        let slot = |t: u64| g.ckpt_tracts.iter().any(|&s| (s..s + g.ckpt_slot_tracts).contains(&t));
+        for p in 0..g.pblocks {
+            let (t, off) = g.loc(p);
+            assert!(seen.insert((t, off)), "block {p} shares a place");
+            assert!(t >= 1 && t < g.total_tracts(), "block {p} at tract {t} outside 1..{}", g.total_tracts());
+            assert!(!slot(t), "block {p} at tract {t} inside a checkpoint slot");
+            assert!(off as u64 + g.stride <= g.tract_size);
+            if let Some(b) = before.filter(|b| p < b.pblocks) {
+                assert_eq!(b.loc(p), (t, off), "block {p} moved");
+            }
+        }
+        assert!(g.ckpt_slot_tracts * g.tract_size >= Checkpoint::encoded_len(g.vblocks));
+        assert_eq!(g.extents.iter().map(|x| x.blocks).sum::<u64>(), g.pblocks);
+    }
+
+    /// Growing keeps old blocks in place; it lengthens the last extent
+    /// while the checkpoint fits its slots, and otherwise moves the slots
+    /// past the end of the blob and adds an extent after them.
+    #[test]
+    fn growth_keeps_blocks_and_moves_slots_only_when_needed() -> Result<(), VolumeError> {
+        let g0 = LogGeom::plan(1 << 20, 4096, 16 << 10)?;
+        check_layout(&g0, None);
+        let g1 = g0.grow(3 << 20)?;
+        check_layout(&g1, Some(&g0));
+        assert_eq!((g1.ckpt_tracts, g1.extents.len()), (g0.ckpt_tracts, 1), "fits: grows in place");
+        let g2 = g1.grow(32 << 20)?;
+        check_layout(&g2, Some(&g1));
+        assert_eq!(g2.extents.len(), 2);
+        assert_eq!(g2.ckpt_tracts[0], g1.total_tracts(), "new slots start where the blob ended");
+        let g3 = g2.grow(40 << 20)?;
+        check_layout(&g3, Some(&g2));
+        assert_eq!((g3.ckpt_tracts, g3.extents.len()), (g2.ckpt_tracts, 2), "headroom: no move");
+        let g4 = g3.grow(200 << 20)?;
+        check_layout(&g4, Some(&g3));
+        assert_eq!(g4.extents.len(), 3);
+        let back = LogGeom::from_superblock(&g4.superblock_part(), 200 << 20, 4096, 16 << 10);
+        assert_eq!(back, g4);
+        assert!(g4.grow(200 << 20).is_err(), "no growth without new blocks");
+        Ok(())
+    }
 }

@@ -27,6 +27,15 @@
 //!   log drains, so the checkpoint's allocation state is exactly what the
 //!   writer allocates from afterwards, and recovery makes the same
 //!   skip-or-visit decision at every position as the writer did.
+//! - **Damage ends the log**: a block that cannot be read intact (torn by
+//!   the crash, or reported `Corrupt` by the store) is treated like any
+//!   block that is not the next record. Nothing a flush covered can be
+//!   torn, since a record is applied only once it and all before it are
+//!   durable on every replica.
+//!
+//! Growing a log volume appends physical blocks and switches to a new
+//! permutation through a checkpoint written in the new geometry, then the
+//! superblock (`LogEngine::grow`; design 0003, "Resizing a log volume").
 
 pub mod engine;
 pub mod perm;

@@ -9,6 +9,10 @@
 //! 16 epoch u64    24 lsn u64    32 checkpoint seq u64    40 crc u32
 //! ```
 //! The CRC32C covers header bytes 0..40 and, for data, the block's data.
+//! A trim record is written as its header chunk alone (its data part keeps
+//! whatever the physical block held, possibly bytes a crash left torn), so
+//! its header chunk is all there is to check: recovery reads the header
+//! first and reads the data part only for a data record.
 //! Roll-forward accepts a block only if its CRC holds, its LSN is the next
 //! expected one and its checkpoint seq is the current checkpoint's: the LSN
 //! tells this cycle's write from a stale one left by an earlier cycle of
@@ -73,14 +77,29 @@ pub fn encode_header(h: &BlockHeader, data: &[u8]) -> Vec<u8> {
     b
 }
 
-/// Decodes an expanded block (`data ++ header chunk`); `None` if it is not
-/// an intact expanded block. With `check_crc` false the CRC is ignored
-/// (only for the planted bug that shows the checker catches it).
-pub fn decode_block(expanded: &[u8], block_size: usize, check_crc: bool) -> Option<BlockHeader> {
-    if expanded.len() != block_size + HEADER_LEN as usize {
+/// A header chunk's fields and its stored CRC, not yet checked: the CRC of
+/// a data record also covers the data part, read separately.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawHeader {
+    pub header: BlockHeader,
+    fields: [u8; 40],
+    crc: u32,
+}
+
+impl RawHeader {
+    /// Whether the stored CRC holds over the header and, for a data record,
+    /// `data` (ignored for a trim, whose CRC covers its header only).
+    pub fn crc_holds(&self, data: &[u8]) -> bool {
+        block_crc(&self.fields, self.header.kind, data) == self.crc
+    }
+}
+
+/// Decodes a header chunk (at least its first 44 bytes); `None` unless it
+/// has the magic and a known kind.
+pub fn decode_header(hdr: &[u8]) -> Option<RawHeader> {
+    if hdr.len() < 44 {
         return None;
     }
-    let (data, hdr) = expanded.split_at(block_size);
     let u64_at = |i: usize| {
         let mut a = [0u8; 8];
         a.copy_from_slice(&hdr[i..i + 8]);
@@ -94,14 +113,27 @@ pub fn decode_block(expanded: &[u8], block_size: usize, check_crc: bool) -> Opti
         2 => Kind::Trim,
         _ => return None,
     };
-    let h = BlockHeader { kind, vblock: u64_at(8), epoch: u64_at(16), lsn: u64_at(24), ckpt_seq: u64_at(32) };
-    let mut f = [0u8; 40];
-    f.copy_from_slice(&hdr[..40]);
+    let header =
+        BlockHeader { kind, vblock: u64_at(8), epoch: u64_at(16), lsn: u64_at(24), ckpt_seq: u64_at(32) };
+    let mut fields = [0u8; 40];
+    fields.copy_from_slice(&hdr[..40]);
     let crc = u32::from_le_bytes([hdr[40], hdr[41], hdr[42], hdr[43]]);
-    if check_crc && block_crc(&f, kind, data) != crc {
+    Some(RawHeader { header, fields, crc })
+}
+
+/// Decodes an expanded block (`data ++ header chunk`); `None` if it is not
+/// an intact expanded block. With `check_crc` false the CRC is ignored
+/// (only for the planted bug that shows the checker catches it).
+pub fn decode_block(expanded: &[u8], block_size: usize, check_crc: bool) -> Option<BlockHeader> {
+    if expanded.len() != block_size + HEADER_LEN as usize {
         return None;
     }
-    Some(h)
+    let (data, hdr) = expanded.split_at(block_size);
+    let raw = decode_header(hdr)?;
+    if check_crc && !raw.crc_holds(data) {
+        return None;
+    }
+    Some(raw.header)
 }
 
 /// A checkpoint: enough to resume the log without reading it.
@@ -195,6 +227,24 @@ mod tests {
         assert_eq!(decode_block(&exp, 4096, true), None);
         assert_eq!(decode_block(&exp, 4096, false), Some(h), "without the CRC, torn data passes");
         assert_eq!(decode_block(&exp[..8000], 4096, true), None);
+
+        // A trim's CRC covers its header only: any data part passes, and
+        // the header chunk alone decides.
+        let t = BlockHeader { kind: Kind::Trim, vblock: 7, epoch: 3, lsn: 100, ckpt_seq: 2 };
+        let hdr = encode_header(&t, &[]);
+        let raw = decode_header(&hdr).expect("a trim header decodes");
+        assert_eq!(raw.header, t);
+        assert!(raw.crc_holds(&[0xee; 4096]));
+        let mut garbage = vec![0xeeu8; 4096];
+        garbage.extend_from_slice(&hdr);
+        assert_eq!(decode_block(&garbage, 4096, true), Some(t));
+        // A data header's CRC needs its data; a damaged header fails.
+        let raw = decode_header(&exp[4096..]).expect("a data header decodes");
+        assert!(raw.crc_holds(&data) && !raw.crc_holds(&exp[..4096]));
+        let mut bad = hdr.clone();
+        bad[30] ^= 1;
+        assert!(decode_header(&bad).is_some_and(|r| !r.crc_holds(&[])));
+        assert_eq!(decode_header(&hdr[..43]), None);
 
         let c = Checkpoint {
             seq: 4,
