@@ -508,6 +508,18 @@ for srv in $SERVERS; do
     rm -rf "$path"
 done
 
+# The durable floor on this disk: a 4 KiB random write followed by an
+# fdatasync, straight to a raw file (no NBD, no network). Write-through
+# makes every write durable before replying, so its QD1 random write cannot
+# beat this; qemu-nbd and nbdkit do not sync before replying.
+FLOOR_FILE=$DIR/floor.raw
+fio --name=floor --filename="$FLOOR_FILE" --rw=write --bs=1m --size="$SIZE_B" --end_fsync=1 --output-format=json > /dev/null
+timeout -k 10 $((RUNTIME + 120)) fio --name=floor --filename="$FLOOR_FILE" --ioengine=psync --rw=randwrite --bs=4k \
+    --fdatasync=1 --size="$SIZE_B" --time_based "--runtime=$RUNTIME" --norandommap --randrepeat=0 \
+    --output-format=json > "$RESULTS/floor.json"
+FLOOR_IOPS=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["write"]["iops"]))' "$RESULTS/floor.json")
+rm -f "$FLOOR_FILE"
+
 fio_cmd "nbd://127.0.0.1:PORT/$EXPORT" RW BS QD
 {
 echo "Run $START, commit \`$(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null || echo unknown)\`$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)'), $(nproc) cores."
@@ -549,6 +561,8 @@ for name, by in rows.items():
             ratio = cratio = "–"
         print(f"| {label.get(name, name)} | {srv} | {shown} | {ratio} | {r['p99']:,.0f} | {r['cpu']:.1f} | {cratio} | {r['fiocpu']:.1f} | {r['tail']:.1f} |")
 EOF
+echo
+echo "Durable floor (no NBD): raw file, 4 KiB random write + fdatasync each, QD1, fio psync: $FLOOR_IOPS IOPS."
 if [ -s "$RESULTS/problems.tsv" ]; then echo; echo "Problems:"; sed 's/^/- /' "$RESULTS/problems.tsv"; fi
 } | tee "$RESULTS/table.md"
 echo "(fio JSON, server logs and this table: $RESULTS)" >&2

@@ -34,6 +34,12 @@ fn corpus(kind: &str) -> Vec<(String, Vec<u8>)> {
 fn option_corpus_replays() {
     for (name, data) in corpus("option") {
         fuzzing::option(&data);
+        // Inputs kept from fuzz campaigns (`fuzz-*`, see fuzz/README.md)
+        // only have to decode without panicking; the expectations below
+        // are for the hand-written ones, whose names say what they are.
+        if name.starts_with("fuzz-") {
+            continue;
+        }
         let code = u32::from_be_bytes(data[..4].try_into().unwrap());
         let decoded = decode_option(code, &data[4..]);
         let should_fail = [

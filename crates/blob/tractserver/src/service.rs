@@ -319,6 +319,8 @@ impl TractService {
                 (r.map(|_| reply).map_err(store_err), Bytes::new())
             }
             Request::SyncDisk => {
+                // A sync is a round trip to the (injected) disk too.
+                self.injected_delay(0).await;
                 let r = self.store.sync().await;
                 (r.map(|_| Reply::Boot { boot: self.boot }).map_err(store_err), Bytes::new())
             }
