@@ -7,10 +7,11 @@
 //! parallel, except that a write overlapping one still in flight waits for
 //! it, so the later of two acknowledged writes to a byte always wins.
 //!
-//! Writes go out through the tractservers' write caches (`write_cached`):
-//! a write is "written" when every replica has applied it and "durable"
-//! only once a sync covering its receipt succeeds. Syncs are batched: one
-//! starts when an epoch is closed and waits on it, when a quarter of the
+//! After the first `CACHED_AFTER` writes of an epoch, writes go out through
+//! the tractservers' write caches (`write_cached`): a write is "written"
+//! when every replica has applied it and "durable" only once a sync
+//! covering its receipt succeeds. Syncs are batched: one starts when an
+//! epoch is closed and all its writes are written, when a quarter of the
 //! exposure limit is written, or `SYNC_DELAY` after the first write left
 //! unsynced; one sync at a time. So a tractserver pays one `fdatasync` per
 //! batch instead of one per few writes (a disk with a write cache and an
@@ -101,6 +102,10 @@ struct State {
     sync_timer: bool,
     /// The timer fired while a sync was under way: start the next at once.
     sync_due: bool,
+    /// Writes issued whose blob write has not returned yet.
+    writing: u64,
+    /// Writes issued so far in `issue_epoch`.
+    issued_in_epoch: u64,
 }
 
 pub struct FastAck {
@@ -127,6 +132,15 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Longest a written write waits for a sync when nothing asks for one
 /// (capped at a quarter of the volume's age limit).
 const SYNC_DELAY: Duration = Duration::from_millis(10);
+
+/// The first writes of each epoch are written durably; only later ones go
+/// through the write cache. A small epoch (an application that flushes
+/// every few writes) then costs one round trip per write, as before the
+/// cache, instead of a write and a sync; a large one (no flushes for a
+/// while) gets the batched syncs. A small exposure limit lowers it (to a
+/// sixteenth of the limit), so even a volume that may hold only a few
+/// undurable writes uses the cache for most of a long epoch.
+const CACHED_AFTER: u64 = 64;
 
 const SYNC_BATCH_DIV: u64 = 4;
 
@@ -276,6 +290,7 @@ impl FastAck {
         {
             st.inflight_per_epoch.remove(&st.issue_epoch);
             st.issue_epoch += 1;
+            st.issued_in_epoch = 0;
         }
     }
 
@@ -295,7 +310,10 @@ impl FastAck {
             if !op.data.is_empty() {
                 st.inflight_ranges.insert(op.offset, op.offset + op.data.len());
             }
-            op.durable = op.epoch < st.curr_epoch;
+            let cached_after = CACHED_AFTER.min(self.limits.writes_max as u64 / 16);
+            op.durable = op.epoch < st.curr_epoch || st.issued_in_epoch < cached_after;
+            st.issued_in_epoch += 1;
+            st.writing += 1;
             st.inflight.insert(
                 op.seq,
                 Flight {
@@ -347,6 +365,7 @@ impl FastAck {
     fn written(self: &Arc<Self>, seq: u64, receipt: CacheReceipt) {
         let action = {
             let mut st = self.lock();
+            st.writing = st.writing.saturating_sub(1);
             let Some(len) = st.inflight.get(&seq).map(|f| f.len) else { return };
             st.unsynced.push((seq, receipt));
             st.unsynced_bytes += len;
@@ -361,8 +380,9 @@ impl FastAck {
             return SyncAction::Nothing;
         }
         // A closed epoch cannot retire (and a durable flush cannot return)
-        // until its writes are synced.
-        let epoch_waits = st.curr_epoch > st.issue_epoch;
+        // until its writes are synced: one sync once all of them are
+        // written (only the issue epoch has writes out).
+        let epoch_waits = st.curr_epoch > st.issue_epoch && st.writing == 0;
         let full = st.unsynced.len() as u64 >= (self.limits.writes_max as u64 / SYNC_BATCH_DIV).max(1)
             || st.unsynced_bytes >= (self.limits.bytes_max / SYNC_BATCH_DIV).max(1);
         if epoch_waits || full || st.sync_due || self.planted == PlantedBug::SkipCacheSync {
@@ -430,6 +450,7 @@ impl FastAck {
                                         })
                                     })
                                     .collect();
+                                st.writing += again.len() as u64;
                                 (again, me.sync_action(&mut st))
                             };
                             me.spawn(again);
@@ -447,6 +468,9 @@ impl FastAck {
             let mut st = self.lock();
             if synced {
                 st.syncing = false;
+            } else {
+                // A durable write returned.
+                st.writing = st.writing.saturating_sub(seqs.len() as u64);
             }
             for seq in seqs {
                 let Some(f) = st.inflight.remove(seq) else { continue };
