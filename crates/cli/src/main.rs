@@ -241,7 +241,9 @@ enum VolumeCmd {
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
     },
-    /// Grow a volume.
+    /// Grow a volume. Stop whatever serves it first (`blizzard up`,
+    /// `blizzard nbd`): a volume has one writer, and nothing yet stops a
+    /// second one from opening it (a log volume could be damaged).
     Resize {
         name: String,
         #[arg(long, value_parser = size)]
