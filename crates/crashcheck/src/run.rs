@@ -91,7 +91,7 @@ impl blizzard_env::Rng for SeededRng {
 
 /// An env whose clock is tokio's (paused in trials, hence virtual) and
 /// whose randomness is seeded. No network or disks are used.
-fn trial_env(seed: u64) -> Env {
+pub fn trial_env(seed: u64) -> Env {
     Env {
         clock: Arc::new(RealClock),
         rng: Arc::new(SeededRng(Mutex::new(SmallRng::seed_from_u64(seed)))),
@@ -100,7 +100,9 @@ fn trial_env(seed: u64) -> Env {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+/// A one-thread runtime with a paused clock: latencies and timeouts are
+/// virtual, so a seed replays exactly.
+pub fn runtime() -> tokio::runtime::Runtime {
     match tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build() {
         Ok(rt) => rt,
         Err(e) => panic!("cannot build a tokio runtime for a crash trial: {e}"),

@@ -12,7 +12,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use blizzard_crashcheck::mem::{Landing, MemBlob};
-use blizzard_env::{Env, RealClock, RealDisks, RealNet};
+// The crash trials' seeded env and paused-clock runtime.
+use blizzard_crashcheck::run::{runtime, trial_env as env};
 use blizzard_volume::io::{BlobIo, IoError};
 use blizzard_volume::log::record::{decode_block, Kind, HEADER_LEN};
 use blizzard_volume::{CommitMode, ExposureLimits, FlushPolicy, PlantedBug, Volume, VolumeError, VolumeSpec};
@@ -23,34 +24,6 @@ const STRIDE: u32 = BS as u32 + HEADER_LEN;
 const MIB: u64 = 1 << 20;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-struct SeededRng(Mutex<SmallRng>);
-
-impl blizzard_env::Rng for SeededRng {
-    fn next_u64(&self) -> u64 {
-        match self.0.lock() {
-            Ok(mut r) => r.random(),
-            Err(p) => p.into_inner().random(),
-        }
-    }
-}
-
-fn env(seed: u64) -> Env {
-    Env {
-        clock: Arc::new(RealClock),
-        rng: Arc::new(SeededRng(Mutex::new(SmallRng::seed_from_u64(seed)))),
-        net: Arc::new(RealNet),
-        disks: Arc::new(RealDisks),
-    }
-}
-
-/// A paused clock: latencies and timeouts are virtual, runs replay.
-fn runtime() -> tokio::runtime::Runtime {
-    match tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("cannot build a tokio runtime: {e}"),
-    }
-}
 
 fn spec(size: u64) -> VolumeSpec {
     VolumeSpec {
