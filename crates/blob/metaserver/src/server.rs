@@ -231,6 +231,7 @@ impl MetaServer {
             action: HeartbeatAction::Continue,
             interval_ms: ms,
             send_assignment: st.phase == Phase::Waiting,
+            lease_ms: 0,
         }))
     }
 
@@ -396,6 +397,7 @@ impl MetaServer {
                     row: i as u32,
                     version: r.version,
                     members: r.members.iter().map(|&m| tlt.members[m as usize].id).collect(),
+                    filling: vec![],
                 })
                 .collect(),
         }
@@ -511,6 +513,8 @@ impl MetaServer {
                             load: m.load,
                             rows: r,
                             primaries: p,
+                            dead: false,
+                            fill: Default::default(),
                         }
                     }
                     None => MemberStatus {
@@ -524,6 +528,8 @@ impl MetaServer {
                         load: 0,
                         rows: r,
                         primaries: p,
+                        dead: false,
+                        fill: Default::default(),
                     },
                 }
             })
@@ -541,6 +547,8 @@ impl MetaServer {
             tlt_version: t.map(|t| t.version).unwrap_or(0),
             tlt_rows: t.map(|t| t.rows.len() as u32).unwrap_or(0),
             members,
+            rows_filling: 0,
+            rows_degraded: 0,
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  0 magic      u32  "BLZD"
-//!  4 version    u8   1
+//!  4 version    u8   2
 //!  5 kind       u8   0 request, 1 response
 //!  6 opcode     u16
 //!  8 request_id u64  echoed in the response
@@ -19,7 +19,7 @@ use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BLZD");
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

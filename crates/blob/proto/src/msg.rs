@@ -23,6 +23,10 @@ pub enum Opcode {
     // durable, made durable together by a sync (fast-ack destaging).
     WriteTractCached = 0x0106,
     SyncDisk = 0x0107,
+    // Re-replication (FDS §3.2): a row's newcomer lists and copies tracts
+    // from the row's complete members.
+    ListRowTracts = 0x0108,
+    CopyTract = 0x0109,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -43,7 +47,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 21] = [
+    pub const ALL: [Opcode; 23] = [
         Opcode::Ping,
         Opcode::WriteTract,
         Opcode::ReadTract,
@@ -52,6 +56,8 @@ impl Opcode {
         Opcode::MappedTract,
         Opcode::WriteTractCached,
         Opcode::SyncDisk,
+        Opcode::ListRowTracts,
+        Opcode::CopyTract,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -127,8 +133,44 @@ pub struct AssignedRow {
     pub version: u64,
     /// All members of the row, primary first.
     pub members: Vec<TsId>,
+    /// Members that joined the row to replace a failed one and are still
+    /// copying its tracts from the others (FDS §3.2): they take writes but
+    /// serve a read only of a tract they have copied.
+    pub filling: Vec<TsId>,
 }
-wire_struct!(AssignedRow { row: u32, version: u64, members: Vec<TsId> });
+wire_struct!(AssignedRow { row: u32, version: u64, members: Vec<TsId>, filling: Vec<TsId> });
+
+/// A TLT row at a version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowRef {
+    pub row: u32,
+    pub version: u64,
+}
+wire_struct!(RowRef { row: u32, version: u64 });
+
+/// How far a tractserver is with copying the rows it is filling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FillProgress {
+    /// Rows still being copied here.
+    pub rows: u32,
+    /// Tracts found on the sources so far, and how many are copied.
+    pub tracts_total: u64,
+    pub tracts_done: u64,
+    /// Bytes copied since this server started.
+    pub bytes_done: u64,
+}
+wire_struct!(FillProgress { rows: u32, tracts_total: u64, tracts_done: u64, bytes_done: u64 });
+
+/// Most tracts in one `ListRowTracts` reply (32 bytes each on the wire).
+pub const ROW_TRACTS_PAGE: usize = 16 << 10;
+
+/// One tract a row's member holds, as listed for a copier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowTract {
+    pub blob: BlobId,
+    pub tract: TractNo,
+}
+wire_struct!(RowTract { blob: BlobId, tract: TractNo });
 
 /// A tractserver's place in the cluster: the cluster's parameters and every
 /// row it belongs to. Replaces the previous assignment as a whole.
@@ -167,6 +209,9 @@ pub struct Heartbeat {
     /// this is the first heartbeat on a connection or the metadata server
     /// asked for it.
     pub assignment: Option<Assignment>,
+    /// Rows this server has finished copying (at those versions).
+    pub filled: Vec<RowRef>,
+    pub fill: FillProgress,
 }
 wire_struct!(Heartbeat {
     ts_id: TsId,
@@ -178,6 +223,8 @@ wire_struct!(Heartbeat {
     load: u32,
     disk_mbps: u32,
     assignment: Option<Assignment>,
+    filled: Vec<RowRef>,
+    fill: FillProgress,
 });
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,8 +257,18 @@ pub struct HeartbeatReply {
     /// Include the stored assignment in the next heartbeat: the metadata
     /// server is (re)building the TLT. Otherwise heartbeats stay small.
     pub send_assignment: bool,
+    /// How long this reply lets the tractserver serve without another
+    /// successful heartbeat (counted from when it sent this one). Shorter
+    /// than the time after which the metadata server declares it dead, so
+    /// a cut-off server stops serving before its rows are given to others.
+    pub lease_ms: u32,
 }
-wire_struct!(HeartbeatReply { action: HeartbeatAction, interval_ms: u32, send_assignment: bool });
+wire_struct!(HeartbeatReply {
+    action: HeartbeatAction,
+    interval_ms: u32,
+    send_assignment: bool,
+    lease_ms: u32,
+});
 
 /// The cluster's creation parameters, asked for by a tractserver before it
 /// formats a new disk.
@@ -237,6 +294,9 @@ pub struct MemberStatus {
     /// TLT rows this tractserver appears in, and how many as primary.
     pub rows: u32,
     pub primaries: u32,
+    /// Declared dead: its rows were given to others.
+    pub dead: bool,
+    pub fill: FillProgress,
 }
 wire_struct!(MemberStatus {
     id: TsId,
@@ -249,6 +309,8 @@ wire_struct!(MemberStatus {
     load: u32,
     rows: u32,
     primaries: u32,
+    dead: bool,
+    fill: FillProgress,
 });
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -261,6 +323,10 @@ pub struct ClusterStatus {
     pub tlt_version: u64,
     pub tlt_rows: u32,
     pub members: Vec<MemberStatus>,
+    /// Rows with a member still copying (not yet fully replicated).
+    pub rows_filling: u32,
+    /// Rows naming a dead member that could not be replaced yet.
+    pub rows_degraded: u32,
 }
 wire_struct!(ClusterStatus {
     phase: String,
@@ -270,7 +336,16 @@ wire_struct!(ClusterStatus {
     tlt_version: u64,
     tlt_rows: u32,
     members: Vec<MemberStatus>,
+    rows_filling: u32,
+    rows_degraded: u32,
 });
+
+impl ClusterStatus {
+    /// Every row has all its members alive and complete.
+    pub fn fully_replicated(&self) -> bool {
+        self.phase == "ready" && self.rows_filling == 0 && self.rows_degraded == 0
+    }
+}
 
 wire_struct!(TltMember { id: TsId, addr: String, domain: String });
 wire_struct!(TltRow { version: u64, members: Vec<u32> });
@@ -327,6 +402,23 @@ pub enum Request {
     /// carries the boot id (a different one than a cached write's reply
     /// means the server restarted in between and the write may be lost).
     SyncDisk,
+    /// The tracts this server holds that map to `row`, in (blob, tract)
+    /// order, starting after `after` (a cursor: at most
+    /// `ROW_TRACTS_PAGE` per reply). The server must hold the row at
+    /// `row_version` as a complete member.
+    ListRowTracts {
+        row: u32,
+        row_version: u64,
+        after: Option<RowTract>,
+    },
+    /// One whole tract for a copier: the reply names its incarnation and
+    /// which chunks hold data, with one CRC32C per such chunk; the data
+    /// part is those chunks, in order.
+    CopyTract {
+        row: u32,
+        row_version: u64,
+        tract: RowTract,
+    },
     CreateBlob {
         blob: BlobId,
         row_version: u64,
@@ -391,6 +483,8 @@ impl Request {
             Request::MappedTract { .. } => Opcode::MappedTract,
             Request::WriteTractCached { .. } => Opcode::WriteTractCached,
             Request::SyncDisk => Opcode::SyncDisk,
+            Request::ListRowTracts { .. } => Opcode::ListRowTracts,
+            Request::CopyTract { .. } => Opcode::CopyTract,
             Request::CreateBlob { .. } => Opcode::CreateBlob,
             Request::ExtendBlob { .. } => Opcode::ExtendBlob,
             Request::DeleteBlob { .. } => Opcode::DeleteBlob,
@@ -430,6 +524,16 @@ impl Request {
                 addr.put(&mut w);
                 offset.put(&mut w);
                 len.put(&mut w);
+            }
+            Request::ListRowTracts { row, row_version, after } => {
+                row.put(&mut w);
+                row_version.put(&mut w);
+                after.put(&mut w);
+            }
+            Request::CopyTract { row, row_version, tract } => {
+                row.put(&mut w);
+                row_version.put(&mut w);
+                tract.put(&mut w);
             }
             Request::CreateBlob { blob, row_version, incarnation, replication } => {
                 blob.put(&mut w);
@@ -489,6 +593,14 @@ impl Request {
             Opcode::MappedTract => Request::MappedTract { addr: Wire::get(r)? },
             Opcode::TrimTract => {
                 Request::TrimTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
+            }
+            Opcode::ListRowTracts => Request::ListRowTracts {
+                row: Wire::get(r)?,
+                row_version: Wire::get(r)?,
+                after: Wire::get(r)?,
+            },
+            Opcode::CopyTract => {
+                Request::CopyTract { row: Wire::get(r)?, row_version: Wire::get(r)?, tract: Wire::get(r)? }
             }
             Opcode::CreateBlob => Request::CreateBlob {
                 blob: Wire::get(r)?,
@@ -653,6 +765,18 @@ pub enum Reply {
     Boot {
         boot: u64,
     },
+    /// A page of `ListRowTracts`; `more` when another page follows.
+    RowTracts {
+        tracts: Vec<RowTract>,
+        more: bool,
+    },
+    /// `CopyTract`: the chunks follow in the data part. An incarnation of
+    /// 0 means the source does not hold the tract.
+    TractCopy {
+        incarnation: Incarnation,
+        bitmap: Vec<u8>,
+        crcs: Vec<u32>,
+    },
     Blob(BlobMeta),
     Blobs(Vec<BlobMeta>),
     Heartbeat(HeartbeatReply),
@@ -680,6 +804,15 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::Read { crcs } => crcs.put(&mut w),
                 Reply::Mapped { bitmap } => bitmap.put(&mut w),
                 Reply::Boot { boot } => boot.put(&mut w),
+                Reply::RowTracts { tracts, more } => {
+                    tracts.put(&mut w);
+                    more.put(&mut w);
+                }
+                Reply::TractCopy { incarnation, bitmap, crcs } => {
+                    incarnation.put(&mut w);
+                    bitmap.put(&mut w);
+                    crcs.put(&mut w);
+                }
                 Reply::Blob(m) => m.put(&mut w),
                 Reply::Blobs(v) => v.put(&mut w),
                 Reply::Heartbeat(h) => h.put(&mut w),
@@ -712,6 +845,10 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
             Opcode::WriteTractCached | Opcode::SyncDisk => Reply::Boot { boot: Wire::get(r)? },
             Opcode::ListBlobs => Reply::Blobs(Wire::get(r)?),
+            Opcode::ListRowTracts => Reply::RowTracts { tracts: Wire::get(r)?, more: Wire::get(r)? },
+            Opcode::CopyTract => {
+                Reply::TractCopy { incarnation: Wire::get(r)?, bitmap: Wire::get(r)?, crcs: Wire::get(r)? }
+            }
             Opcode::CreateBlob | Opcode::ExtendBlob | Opcode::DeleteBlob | Opcode::GetBlob => {
                 Reply::Blob(Wire::get(r)?)
             }
@@ -759,7 +896,12 @@ mod tests {
             replication: 3,
             tlt_len: 28,
             tlt_version: 7,
-            rows: vec![AssignedRow { row: 3, version: 2, members: vec![TsId(1), TsId(2), TsId(3)] }],
+            rows: vec![AssignedRow {
+                row: 3,
+                version: 2,
+                members: vec![TsId(1), TsId(2), TsId(3)],
+                filling: vec![TsId(3)],
+            }],
         };
         vec![
             Request::Ping,
@@ -770,6 +912,13 @@ mod tests {
             Request::MappedTract { addr: addr() },
             Request::WriteTractCached { addr: addr(), offset: 8192, crcs: vec![1, 2] },
             Request::SyncDisk,
+            Request::ListRowTracts { row: 4, row_version: 5, after: None },
+            Request::ListRowTracts {
+                row: 4,
+                row_version: 5,
+                after: Some(RowTract { blob: BlobId(6), tract: TractNo::META }),
+            },
+            Request::CopyTract { row: 4, row_version: 5, tract: RowTract { blob: BlobId(6), tract: TractNo(7) } },
             Request::ListBlobs,
             Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
             Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
@@ -796,6 +945,8 @@ mod tests {
                 load: 1,
                 disk_mbps: 100,
                 assignment: Some(assignment),
+                filled: vec![RowRef { row: 3, version: 2 }],
+                fill: FillProgress { rows: 1, tracts_total: 2, tracts_done: 1, bytes_done: 4096 },
             }),
             Request::GetTlt { have_version: 3 },
             Request::ClusterStatus,
@@ -839,6 +990,11 @@ mod tests {
             (Opcode::MappedTract, Ok(Reply::Mapped { bitmap: vec![0b1010_0001, 0, 0xff] })),
             (Opcode::WriteTractCached, Ok(Reply::Boot { boot: 0x0123_4567_89ab_cdef })),
             (Opcode::SyncDisk, Ok(Reply::Boot { boot: 7 })),
+            (
+                Opcode::ListRowTracts,
+                Ok(Reply::RowTracts { tracts: vec![RowTract { blob: BlobId(1), tract: TractNo(2) }], more: true }),
+            ),
+            (Opcode::CopyTract, Ok(Reply::TractCopy { incarnation: 3, bitmap: vec![0b101], crcs: vec![8, 9] })),
             (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
             (Opcode::GetTlt, Ok(Reply::Tlt(None))),
             (

@@ -215,6 +215,8 @@ async fn heartbeat_loop(
                 load: service.inflight.load(Ordering::Relaxed),
                 disk_mbps: service.store.disk_mbps(),
                 assignment: (send_assignment && rows.assignment.cluster_id != 0).then_some(rows.assignment),
+                filled: vec![],
+                fill: Default::default(),
             };
             match c.call_timeout(&env, cfg.request_timeout, &Request::Heartbeat(hb), Bytes::new()).await {
                 Ok((Reply::Heartbeat(r), _)) => {

@@ -433,6 +433,9 @@ impl TractService {
                 (Ok(Reply::Done), Bytes::new())
             }
             Request::AssignRows { assignment } => (self.assign(assignment).await, Bytes::new()),
+            Request::ListRowTracts { .. } | Request::CopyTract { .. } => {
+                (Err(ErrorReply::new(ErrorCode::BadRequest, "not yet")), Bytes::new())
+            }
             Request::Heartbeat(_)
             | Request::GetTlt { .. }
             | Request::ClusterStatus
