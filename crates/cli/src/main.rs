@@ -122,6 +122,10 @@ enum Cmd {
         weighted: bool,
         #[arg(long, default_value_t = 500)]
         heartbeat_ms: u64,
+        /// Declare a tractserver dead after this long without a heartbeat
+        /// and give its TLT rows to live ones.
+        #[arg(long, default_value_t = 5000)]
+        dead_after_ms: u64,
     },
     /// Run a tractserver on one disk (a block device or a file).
     Tractserver {
@@ -411,6 +415,7 @@ async fn run(cli: Cli) -> Result<()> {
             permutations,
             weighted,
             heartbeat_ms,
+            dead_after_ms,
         } => {
             let mut cfg = MetaConfig::new(listen);
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
@@ -419,7 +424,7 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.permutations = permutations;
             cfg.weighted = weighted;
             cfg.heartbeat_interval = Duration::from_millis(heartbeat_ms);
-            cfg.dead_after = cfg.heartbeat_interval * 10;
+            cfg.dead_after = Duration::from_millis(dead_after_ms);
             cfg.rebuild_grace = cfg.heartbeat_interval * 20;
             let h = blizzard_metaserver::server::start(env, cfg).await?;
             tokio::select! {
@@ -676,23 +681,53 @@ fn print_status(s: &ClusterStatus) {
         s.tlt_version,
         s.tlt_rows
     );
+    if s.fully_replicated() {
+        println!("replication: every row has all {} members alive and complete", s.replication);
+    } else {
+        let copying: Vec<_> = s.members.iter().filter(|m| m.fill.rows > 0).collect();
+        let (done, total) =
+            copying.iter().fold((0, 0), |(d, t), m| (d + m.fill.tracts_done, t + m.fill.tracts_total));
+        println!(
+            "replication: {} rows being re-replicated ({done}/{total} tracts copied so far), {} rows waiting for a dead member to be replaced",
+            s.rows_filling, s.rows_degraded
+        );
+    }
     println!(
-        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}",
-        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "USED", "CAPACITY"
+        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}  {}",
+        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "USED", "CAPACITY", "COPYING"
     );
     for m in &s.members {
         let used = m.slots_used * s.tract_size as u64;
         let cap = m.slots_total * s.tract_size as u64;
+        let state = if m.dead {
+            "dead"
+        } else if m.alive {
+            "up"
+        } else {
+            "down"
+        };
+        let copying = if m.fill.rows > 0 {
+            format!(
+                "{} rows, {}/{} tracts, {} copied",
+                m.fill.rows,
+                m.fill.tracts_done,
+                m.fill.tracts_total,
+                format_size(m.fill.bytes_done)
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}",
+            "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}  {}",
             m.id.to_string(),
             m.addr,
             m.domain,
-            if m.alive { "up" } else { "down" },
+            state,
             m.rows,
             m.primaries,
             format_size(used),
-            format_size(cap)
+            format_size(cap),
+            copying
         );
     }
 }

@@ -37,6 +37,8 @@ pub struct ClusterConfig {
     pub io_arms: u32,
     /// Bytes per second each tractserver's injected disk transfers (0: no limit).
     pub io_bandwidth: u64,
+    /// Per tractserver, bytes per second copied while re-replicating.
+    pub fill_bandwidth: u64,
 }
 
 impl ClusterConfig {
@@ -54,6 +56,7 @@ impl ClusterConfig {
             io_delay: Duration::ZERO,
             io_arms: 0,
             io_bandwidth: 0,
+            fill_bandwidth: 0,
         }
     }
 }
@@ -141,6 +144,7 @@ impl Cluster {
         t.io_delay = self.cfg.io_delay;
         t.io_arms = self.cfg.io_arms;
         t.io_bandwidth = self.cfg.io_bandwidth;
+        t.fill_bandwidth = self.cfg.fill_bandwidth;
         let h = ts::start(self.env.clone(), t)
             .await
             .map_err(|error| ClusterError::TractServer { index: i, error })?;

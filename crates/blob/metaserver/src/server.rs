@@ -9,6 +9,9 @@
 //!   has reported, or after the rebuild grace period. Otherwise the first
 //!   table is built once `init_tractservers` have registered.
 //! - `ready`: the TLT is served; heartbeats keep member state current.
+//!   A member silent for `dead_after` is declared dead and replaced in
+//!   every row by a live member, which copies the row's tracts from the
+//!   survivors (FDS §3.2; see `recover`).
 //!
 //! Invariant (FDS §3.1): a new row version is given to clients only after
 //! every tractserver of the old and new row has durably stored it, so a
@@ -21,6 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use rand::seq::IndexedRandom;
 use rand::SeedableRng;
 use tokio::task::JoinHandle;
 
@@ -29,8 +33,8 @@ use blizzard_core::tlt::{Tlt, TltMember, TltRow};
 use blizzard_core::TsId;
 use blizzard_env::{Env, Instant};
 use blizzard_proto::{
-    AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, Heartbeat, HeartbeatAction,
-    HeartbeatReply, MemberStatus, Reply, Request,
+    AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat,
+    HeartbeatAction, HeartbeatReply, MemberStatus, Reply, Request, RowRef,
 };
 use blizzard_rpc::{serve, RpcConn, RpcError, ServerLimits, Service, Shutdown, ShutdownHandle};
 
@@ -51,8 +55,14 @@ pub struct MetaConfig {
     /// registered.
     pub init_tractservers: usize,
     pub heartbeat_interval: Duration,
-    /// A tractserver silent this long is shown as down.
+    /// A tractserver silent this long is declared dead and its rows are
+    /// re-replicated elsewhere. Tractservers stop serving after two thirds
+    /// of it without an answered heartbeat (their lease), so a cut-off
+    /// server has stopped before its rows are given away.
     pub dead_after: Duration,
+    /// Replace dead members automatically. Off only for tests and for
+    /// planned maintenance (like Ceph's `noout`).
+    pub recovery: bool,
     /// After a restart, how long to wait for tractservers named in the
     /// reported assignments before rebuilding without them.
     pub rebuild_grace: Duration,
@@ -70,6 +80,7 @@ impl MetaConfig {
             init_tractservers: 1,
             heartbeat_interval: Duration::from_millis(500),
             dead_after: Duration::from_secs(5),
+            recovery: true,
             rebuild_grace: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
         }
@@ -100,6 +111,23 @@ struct Member {
     load: u32,
     disk_mbps: u32,
     reported: Option<Assignment>,
+    /// Rows the member says it has finished copying, and its progress.
+    filled: Vec<RowRef>,
+    fill: FillProgress,
+}
+
+/// Members still copying, per row.
+type Filling = BTreeMap<usize, BTreeSet<TsId>>;
+
+/// A row's new membership in one TLT change.
+struct RowChange {
+    row: usize,
+    members: Vec<TsId>,
+    filling: BTreeSet<TsId>,
+    /// Membership changed: the row gets a new version. Only the filling
+    /// set changing (a newcomer finished copying) needs none: clients
+    /// write to every member alike either way.
+    bump: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +140,21 @@ struct State {
     phase: Phase,
     members: BTreeMap<TsId, Member>,
     tlt: Option<Arc<Tlt>>,
+    /// Per row, the members still copying it (FDS §3.2). Kept beside the
+    /// TLT, not in it: clients write to every member alike; only the
+    /// members themselves (through their assignments) need to know.
+    filling: BTreeMap<usize, BTreeSet<TsId>>,
+    /// Members declared dead. A dead member that heartbeats again is told
+    /// to stop serving until it has stored its current assignment.
+    dead: BTreeSet<TsId>,
+    /// When the TLT was first served by this metadata server: the start of
+    /// the silence of a member that has not heartbeated since.
+    ready_since: Option<Instant>,
+    /// Versions handed out by a change whose assignment round failed: the
+    /// next change numbers above them, so one (row, version) never names
+    /// two memberships on the tractservers that stored the failed round.
+    row_version_floor: HashMap<usize, u64>,
+    tlt_version_floor: u64,
     first_report: Option<Instant>,
     last_complaint: Option<Instant>,
 }
@@ -158,6 +201,11 @@ impl MetaServer {
                 phase: Phase::Waiting,
                 members: BTreeMap::new(),
                 tlt: None,
+                filling: BTreeMap::new(),
+                dead: BTreeSet::new(),
+                ready_since: None,
+                row_version_floor: HashMap::new(),
+                tlt_version_floor: 0,
                 first_report: None,
                 last_complaint: None,
             }),
@@ -211,6 +259,8 @@ impl MetaServer {
                 load: hb.load,
                 disk_mbps: hb.disk_mbps,
                 reported,
+                filled: hb.filled.clone(),
+                fill: hb.fill,
             },
         );
         // A member that came back on a new address: clients must learn it,
@@ -227,15 +277,32 @@ impl MetaServer {
             }
         }
         let ms = self.cfg.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32;
+        // A member declared dead may still hold rows at old versions that
+        // a client with an old TLT would read: it must stop serving until
+        // `tick` has given it its current assignment.
+        let action = if st.dead.contains(&hb.ts_id) {
+            HeartbeatAction::StopServing
+        } else {
+            HeartbeatAction::Continue
+        };
         Ok(Reply::Heartbeat(HeartbeatReply {
-            action: HeartbeatAction::Continue,
+            action,
             interval_ms: ms,
             send_assignment: st.phase == Phase::Waiting,
-            lease_ms: 0,
+            lease_ms: self.lease().as_millis().min(u32::MAX as u128) as u32,
         }))
     }
 
-    /// Advances the phase: rebuild or build the first TLT when possible.
+    /// How long a tractserver may serve after sending a heartbeat that was
+    /// answered: well inside `dead_after`, so it has stopped serving (and
+    /// cannot hand out data a newer row version has overwritten) by the
+    /// time its rows are given to others.
+    fn lease(&self) -> Duration {
+        self.cfg.dead_after * 2 / 3
+    }
+
+    /// Advances the phase: rebuild or build the first TLT when possible;
+    /// once ready, detect dead members and re-replicate their rows.
     pub async fn tick(&self) {
         let _change = self.change.lock().await;
         let (phase, members, first_report) = {
@@ -243,6 +310,14 @@ impl MetaServer {
             (st.phase, st.members.clone(), st.first_report)
         };
         if phase == Phase::Ready {
+            if let Err(e) = self.recover().await {
+                let now = self.env.now();
+                let mut st = lock(&self.state);
+                if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(5)) {
+                    tracing::warn!(error = %e, "recovery round failed; retrying");
+                    st.last_complaint = Some(now);
+                }
+            }
             return;
         }
         let now = self.env.now();
@@ -257,12 +332,12 @@ impl MetaServer {
             }
             self.rebuild(&members)
         } else if members.len() >= self.cfg.init_tractservers.max(1) {
-            self.initial_build(&members).await
+            self.initial_build(&members).await.map(|t| (t, BTreeMap::new()))
         } else {
             return;
         };
         match result {
-            Ok(tlt) => {
+            Ok((tlt, filling)) => {
                 tracing::info!(
                     rows = tlt.rows.len(),
                     members = tlt.members.len(),
@@ -272,7 +347,9 @@ impl MetaServer {
                 );
                 let mut st = lock(&self.state);
                 st.tlt = Some(tlt);
+                st.filling = filling;
                 st.phase = Phase::Ready;
+                st.ready_since = Some(now);
             }
             Err(e) => {
                 let mut st = lock(&self.state);
@@ -314,28 +391,31 @@ impl MetaServer {
             rows: rows.into_iter().map(|members| TltRow { version: 1, members }).collect(),
         };
         tlt.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
-        self.push_assignments(&tlt, &ids).await?;
+        self.push_assignments(&tlt, &BTreeMap::new(), &ids).await?;
         Ok(Arc::new(tlt))
     }
 
     /// A restarted metadata server: the table is what the tractservers say,
     /// row by row taking the highest version reported.
-    fn rebuild(&self, members: &BTreeMap<TsId, Member>) -> Result<Arc<Tlt>, MetaError> {
+    fn rebuild(&self, members: &BTreeMap<TsId, Member>) -> Result<(Arc<Tlt>, Filling), MetaError> {
         let reports: Vec<&Assignment> = members.values().filter_map(|m| m.reported.as_ref()).collect();
         let Some(newest) = reports.iter().max_by_key(|a| a.tlt_version) else {
             return Err(MetaError::NotReady);
         };
         let len = newest.tlt_len as usize;
-        let mut rows: Vec<Option<&AssignedRow>> = vec![None; len];
+        // Per row, the report with the highest (row version, table
+        // version): a row's filling set changes without a row version bump.
+        let mut rows: Vec<Option<(&AssignedRow, u64)>> = vec![None; len];
         for a in reports.iter().filter(|a| a.cluster_id == newest.cluster_id) {
             for r in &a.rows {
                 if let Some(slot) = rows.get_mut(r.row as usize) {
-                    if slot.is_none_or(|cur| r.version > cur.version) {
-                        *slot = Some(r);
+                    if slot.is_none_or(|(cur, tv)| (r.version, a.tlt_version) > (cur.version, tv)) {
+                        *slot = Some((r, a.tlt_version));
                     }
                 }
             }
         }
+        let rows: Vec<Option<&AssignedRow>> = rows.into_iter().map(|r| r.map(|(r, _)| r)).collect();
         let missing = rows.iter().filter(|r| r.is_none()).count();
         if missing > 0 {
             return Err(MetaError::BadChange(format!(
@@ -376,11 +456,21 @@ impl MetaServer {
                 "adopting the cluster's stored parameters, which differ from this server's flags"
             );
         }
-        tracing::info!(version = tlt.version, "rebuilt the TLT from tractserver reports");
-        Ok(Arc::new(tlt))
+        let filling: Filling = rows
+            .iter()
+            .flatten()
+            .filter(|r| !r.filling.is_empty())
+            .map(|r| (r.row as usize, r.filling.iter().copied().collect()))
+            .collect();
+        tracing::info!(
+            version = tlt.version,
+            rows_filling = filling.len(),
+            "rebuilt the TLT from tractserver reports"
+        );
+        Ok((Arc::new(tlt), filling))
     }
 
-    fn assignment_for(tlt: &Tlt, id: TsId) -> Assignment {
+    fn assignment_for(tlt: &Tlt, filling: &Filling, id: TsId) -> Assignment {
         let me = tlt.member_index(id);
         Assignment {
             cluster_id: tlt.cluster_id,
@@ -397,7 +487,7 @@ impl MetaServer {
                     row: i as u32,
                     version: r.version,
                     members: r.members.iter().map(|&m| tlt.members[m as usize].id).collect(),
-                    filling: vec![],
+                    filling: filling.get(&i).map(|f| f.iter().copied().collect()).unwrap_or_default(),
                 })
                 .collect(),
         }
@@ -405,11 +495,15 @@ impl MetaServer {
 
     /// Sends each of `ids` its assignment under `tlt` and waits for all to
     /// store it.
-    async fn push_assignments(&self, tlt: &Tlt, ids: &[TsId]) -> Result<(), MetaError> {
+    async fn push_assignments(&self, tlt: &Tlt, filling: &Filling, ids: &[TsId]) -> Result<(), MetaError> {
         let calls = ids.iter().map(|id| async move {
-            let addr =
-                tlt.member_index(*id).map(|i| tlt.members[i as usize].addr.clone()).unwrap_or_default();
-            let req = Request::AssignRows { assignment: Self::assignment_for(tlt, *id) };
+            // A member that left every row is not in the table any more:
+            // its address is the one it heartbeats from.
+            let addr = match tlt.member_index(*id) {
+                Some(i) => tlt.members[i as usize].addr.clone(),
+                None => lock(&self.state).members.get(id).map(|m| m.addr.clone()).unwrap_or_default(),
+            };
+            let req = Request::AssignRows { assignment: Self::assignment_for(tlt, filling, *id) };
             let res = match self.conn(&addr).await {
                 Ok(c) => c.call_timeout(&self.env, self.cfg.request_timeout, &req, Bytes::new()).await,
                 Err(e) => Err(e),
@@ -437,22 +531,51 @@ impl MetaServer {
     /// members just bumps its version.
     pub async fn reassign_rows(&self, changes: &[(usize, Vec<TsId>)]) -> Result<Arc<Tlt>, MetaError> {
         let _change = self.change.lock().await;
-        let (cur, members) = {
+        let (cur, filling) = {
             let st = lock(&self.state);
-            (st.tlt.clone().ok_or(MetaError::NotReady)?, st.members.clone())
+            (st.tlt.clone().ok_or(MetaError::NotReady)?, st.filling.clone())
         };
-        let mut t = (*cur).clone();
+        let changes: Vec<RowChange> = changes
+            .iter()
+            .map(|(row, ids)| RowChange {
+                row: *row,
+                members: ids.clone(),
+                filling: filling.get(row).cloned().unwrap_or_default(),
+                bump: true,
+            })
+            .collect();
+        let t = self.commit(&cur, &changes).await?;
+        tracing::info!(rows = changes.len(), version = t.version, "TLT rows reassigned");
+        Ok(t)
+    }
+
+    /// Applies row changes to `cur`: new versions for changed memberships,
+    /// every live tractserver of the old and new rows stores its new
+    /// assignment, and only then is the table served. Runs under `change`.
+    async fn commit(&self, cur: &Arc<Tlt>, changes: &[RowChange]) -> Result<Arc<Tlt>, MetaError> {
+        let (members, mut filling, dead, floors, tlt_floor) = {
+            let st = lock(&self.state);
+            (
+                st.members.clone(),
+                st.filling.clone(),
+                st.dead.clone(),
+                st.row_version_floor.clone(),
+                st.tlt_version_floor,
+            )
+        };
+        let mut t = (**cur).clone();
         let mut affected = BTreeSet::new();
-        for (row, ids) in changes {
-            let Some(r) = t.rows.get(*row) else {
-                return Err(MetaError::BadChange(format!("row {row} does not exist")));
+        let mut bumped = Vec::new();
+        for c in changes {
+            let Some(r) = t.rows.get(c.row) else {
+                return Err(MetaError::BadChange(format!("row {} does not exist", c.row)));
             };
-            affected.extend(r.members.iter().map(|&m| cur.members[m as usize].id));
-            if ids.len() != t.replication as usize {
-                return Err(MetaError::BadChange(format!("row {row} needs {} members", t.replication)));
+            affected.extend(r.members.iter().map(|&m| t.members[m as usize].id));
+            if c.members.len() != t.replication as usize {
+                return Err(MetaError::BadChange(format!("row {} needs {} members", c.row, t.replication)));
             }
-            let mut idx = Vec::with_capacity(ids.len());
-            for id in ids {
+            let mut idx = Vec::with_capacity(c.members.len());
+            for id in &c.members {
                 let i = match t.member_index(*id) {
                     Some(i) => i,
                     None => {
@@ -466,18 +589,219 @@ impl MetaServer {
                 idx.push(i);
                 affected.insert(*id);
             }
-            let r = &mut t.rows[*row];
+            let r = &mut t.rows[c.row];
             r.members = idx;
-            r.version += 1;
+            if c.bump {
+                r.version = r.version.max(floors.get(&c.row).copied().unwrap_or(0)) + 1;
+                bumped.push((c.row, r.version));
+            }
+            if c.filling.is_empty() {
+                filling.remove(&c.row);
+            } else {
+                filling.insert(c.row, c.filling.clone());
+            }
         }
-        t.version += 1;
+        t.version = t.version.max(tlt_floor) + 1;
         t.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
-        let ids: Vec<TsId> = affected.into_iter().collect();
-        self.push_assignments(&t, &ids).await?;
+        {
+            let mut st = lock(&self.state);
+            st.row_version_floor.extend(bumped);
+            st.tlt_version_floor = t.version;
+        }
+        // A dead member cannot store anything: it is told to stop serving
+        // when it heartbeats again, and then given its assignment.
+        let ids: Vec<TsId> = affected.into_iter().filter(|id| !dead.contains(id)).collect();
+        self.push_assignments(&t, &filling, &ids).await?;
         let t = Arc::new(t);
-        lock(&self.state).tlt = Some(t.clone());
-        tracing::info!(rows = changes.len(), version = t.version, "TLT rows reassigned");
+        let mut st = lock(&self.state);
+        st.tlt = Some(t.clone());
+        st.filling = filling;
         Ok(t)
+    }
+
+    /// One recovery round (FDS §3.2), the same for a single, concurrent or
+    /// cascading failure: declare silent members dead; give returning ones
+    /// their current assignment; in every row naming a dead member, put a
+    /// live member in its place (random among the least loaded, never two
+    /// in one failure domain) that then copies the row from the row's
+    /// complete members; and mark rows whose newcomers finished copying.
+    async fn recover(&self) -> Result<(), MetaError> {
+        let now = self.env.now();
+        let (cur, members, filling, ready_since) = {
+            let st = lock(&self.state);
+            let Some(cur) = st.tlt.clone() else { return Ok(()) };
+            (cur, st.members.clone(), st.filling.clone(), st.ready_since.unwrap_or(now))
+        };
+        let age =
+            |id: &TsId| now.duration_since(members.get(id).map(|m| m.last_heartbeat).unwrap_or(ready_since));
+
+        // Deaths and returns.
+        let known: BTreeSet<TsId> = cur.members.iter().map(|m| m.id).chain(members.keys().copied()).collect();
+        let returned: Vec<TsId> = {
+            let mut st = lock(&self.state);
+            for id in &known {
+                if age(id) >= self.cfg.dead_after && st.dead.insert(*id) {
+                    tracing::error!(%id, silent_ms = age(id).as_millis() as u64, "tractserver declared dead");
+                }
+            }
+            st.dead.iter().copied().filter(|id| age(id) < self.cfg.dead_after / 2).collect()
+        };
+        for id in returned {
+            // Whatever it holds now, it holds at the versions of the table
+            // being served: rows given away are gone from its assignment.
+            match self.push_assignments(&cur, &filling, &[id]).await {
+                Ok(()) => {
+                    lock(&self.state).dead.remove(&id);
+                    let rows = Self::assignment_for(&cur, &filling, id).rows.len();
+                    tracing::info!(%id, rows, "declared-dead tractserver is back and holds its current assignment");
+                }
+                // It stays fenced (dead) and is tried again next round.
+                Err(e) => {
+                    tracing::warn!(%id, error = %e, "returning tractserver did not take its assignment")
+                }
+            }
+        }
+        // A live member outside every row that still reports rows of its
+        // own (it came back while this metadata server was restarting and
+        // its rows had been given away) gets its current, empty, assignment
+        // so it stops serving them.
+        let stale: Vec<TsId> = {
+            let st = lock(&self.state);
+            members
+                .iter()
+                .filter(|(id, m)| {
+                    !st.dead.contains(id)
+                        && cur
+                            .member_index(**id)
+                            .is_none_or(|i| !cur.rows.iter().any(|r| r.members.contains(&i)))
+                        && m.reported
+                            .as_ref()
+                            .is_some_and(|a| !a.rows.is_empty() && a.tlt_version < cur.version)
+                })
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in stale {
+            match self.push_assignments(&cur, &filling, &[id]).await {
+                Ok(()) => {
+                    if let Some(m) = lock(&self.state).members.get_mut(&id) {
+                        m.reported = None;
+                    }
+                    tracing::info!(%id, "told a tractserver holding rows given away to drop them");
+                }
+                Err(e) => tracing::warn!(%id, error = %e, "tractserver did not take its empty assignment"),
+            }
+        }
+        let dead = lock(&self.state).dead.clone();
+
+        let domain_of = |id: &TsId| -> String {
+            members
+                .get(id)
+                .map(|m| m.domain.clone())
+                .or_else(|| cur.member_index(*id).map(|i| cur.members[i as usize].domain.clone()))
+                .unwrap_or_else(|| id.to_string())
+        };
+        let live: Vec<TsId> = members
+            .keys()
+            .copied()
+            .filter(|id| !dead.contains(id) && age(id) < self.cfg.dead_after / 2)
+            .collect();
+        let mut rows_held: HashMap<TsId, usize> = HashMap::new();
+        for r in &cur.rows {
+            for &m in &r.members {
+                *rows_held.entry(cur.members[m as usize].id).or_default() += 1;
+            }
+        }
+        let mut given: HashMap<TsId, usize> = HashMap::new();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
+        let mut changes = Vec::new();
+        let mut stuck = 0usize;
+        for (i, row) in cur.rows.iter().enumerate() {
+            let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
+            let fill = filling.get(&i).cloned().unwrap_or_default();
+            if !ids.iter().any(|id| dead.contains(id)) {
+                // Newcomers that finished copying this version of the row.
+                let done: BTreeSet<TsId> = fill
+                    .iter()
+                    .copied()
+                    .filter(|id| {
+                        members.get(id).is_some_and(|m| {
+                            m.filled.iter().any(|f| f.row as usize == i && f.version == row.version)
+                        })
+                    })
+                    .collect();
+                if !done.is_empty() {
+                    let rest: BTreeSet<TsId> = fill.difference(&done).copied().collect();
+                    changes.push(RowChange { row: i, members: ids, filling: rest, bump: false });
+                }
+                continue;
+            }
+            if !self.cfg.recovery {
+                continue;
+            }
+            // Copies come from complete members only; with none alive the
+            // row waits for one to return (replacing it would lose data).
+            if !ids.iter().any(|id| !dead.contains(id) && !fill.contains(id)) {
+                stuck += 1;
+                continue;
+            }
+            let mut new_ids = ids.clone();
+            let mut new_fill: BTreeSet<TsId> = fill.iter().copied().filter(|id| !dead.contains(id)).collect();
+            for col in 0..new_ids.len() {
+                if !dead.contains(&new_ids[col]) {
+                    continue;
+                }
+                let taken: BTreeSet<String> = new_ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(c, _)| *c != col)
+                    .map(|(_, id)| domain_of(id))
+                    .collect();
+                let cands: Vec<TsId> = live
+                    .iter()
+                    .copied()
+                    .filter(|id| !new_ids.contains(id) && !taken.contains(&domain_of(id)))
+                    .collect();
+                let load = |id: &TsId| {
+                    (given.get(id).copied().unwrap_or(0), rows_held.get(id).copied().unwrap_or(0))
+                };
+                let Some(best) = cands.iter().map(load).min() else { continue };
+                let least: Vec<TsId> = cands.into_iter().filter(|id| load(id) == best).collect();
+                let Some(&pick) = least.choose(&mut rng) else { continue };
+                new_ids[col] = pick;
+                new_fill.insert(pick);
+                *given.entry(pick).or_default() += 1;
+            }
+            if new_ids != ids {
+                changes.push(RowChange { row: i, members: new_ids, filling: new_fill, bump: true });
+            } else {
+                stuck += 1;
+            }
+        }
+        if stuck > 0 {
+            let mut st = lock(&self.state);
+            if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
+                tracing::error!(
+                    rows = stuck,
+                    "rows name a dead tractserver and cannot be re-replicated (no complete member alive, or no \
+                     live tractserver outside the row's failure domains): restart the dead tractservers or add new ones"
+                );
+                st.last_complaint = Some(now);
+            }
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let moved = changes.iter().filter(|c| c.bump).count();
+        let t = self.commit(&cur, &changes).await?;
+        if moved > 0 {
+            tracing::info!(rows = moved, version = t.version, "re-replicating rows of dead tractservers");
+        }
+        let filled = changes.len() - moved;
+        if filled > 0 {
+            tracing::info!(rows = filled, version = t.version, "rows fully replicated again");
+        }
+        Ok(())
     }
 
     pub fn status(&self) -> ClusterStatus {
@@ -506,15 +830,15 @@ impl MetaServer {
                             id,
                             addr: m.addr.clone(),
                             domain: m.domain.clone(),
-                            alive: age < self.cfg.dead_after,
+                            alive: age < self.cfg.dead_after && !st.dead.contains(&id),
                             last_heartbeat_ms: age.as_millis() as u64,
                             slots_total: m.slots_total,
                             slots_used: m.slots_used,
                             load: m.load,
                             rows: r,
                             primaries: p,
-                            dead: false,
-                            fill: Default::default(),
+                            dead: st.dead.contains(&id),
+                            fill: m.fill,
                         }
                     }
                     None => MemberStatus {
@@ -528,8 +852,8 @@ impl MetaServer {
                         load: 0,
                         rows: r,
                         primaries: p,
-                        dead: false,
-                        fill: Default::default(),
+                        dead: st.dead.contains(&id),
+                        fill: FillProgress::default(),
                     },
                 }
             })
@@ -547,8 +871,13 @@ impl MetaServer {
             tlt_version: t.map(|t| t.version).unwrap_or(0),
             tlt_rows: t.map(|t| t.rows.len() as u32).unwrap_or(0),
             members,
-            rows_filling: 0,
-            rows_degraded: 0,
+            rows_filling: st.filling.values().filter(|f| !f.is_empty()).count() as u32,
+            rows_degraded: t.map_or(0, |t| {
+                t.rows
+                    .iter()
+                    .filter(|r| r.members.iter().any(|&m| st.dead.contains(&t.members[m as usize].id)))
+                    .count() as u32
+            }),
         }
     }
 

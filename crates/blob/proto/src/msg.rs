@@ -918,7 +918,11 @@ mod tests {
                 row_version: 5,
                 after: Some(RowTract { blob: BlobId(6), tract: TractNo::META }),
             },
-            Request::CopyTract { row: 4, row_version: 5, tract: RowTract { blob: BlobId(6), tract: TractNo(7) } },
+            Request::CopyTract {
+                row: 4,
+                row_version: 5,
+                tract: RowTract { blob: BlobId(6), tract: TractNo(7) },
+            },
             Request::ListBlobs,
             Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
             Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
@@ -992,9 +996,15 @@ mod tests {
             (Opcode::SyncDisk, Ok(Reply::Boot { boot: 7 })),
             (
                 Opcode::ListRowTracts,
-                Ok(Reply::RowTracts { tracts: vec![RowTract { blob: BlobId(1), tract: TractNo(2) }], more: true }),
+                Ok(Reply::RowTracts {
+                    tracts: vec![RowTract { blob: BlobId(1), tract: TractNo(2) }],
+                    more: true,
+                }),
             ),
-            (Opcode::CopyTract, Ok(Reply::TractCopy { incarnation: 3, bitmap: vec![0b101], crcs: vec![8, 9] })),
+            (
+                Opcode::CopyTract,
+                Ok(Reply::TractCopy { incarnation: 3, bitmap: vec![0b101], crcs: vec![8, 9] }),
+            ),
             (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
             (Opcode::GetTlt, Ok(Reply::Tlt(None))),
             (

@@ -7,9 +7,11 @@
 //!
 //! Modules, bottom up: `layout` (the disk format), `commit` (group commit),
 //! `store` (tracts in slots, recovery), `service` (the request handlers and
-//! the TLT row checks), `server` (start-up, heartbeats, the entry point).
+//! the TLT row checks), `fill` (copying rows this server joined to replace
+//! a dead member), `server` (start-up, heartbeats, the entry point).
 
 pub mod commit;
+pub mod fill;
 pub mod layout;
 pub mod server;
 pub mod service;

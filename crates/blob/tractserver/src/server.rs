@@ -41,6 +41,8 @@ pub struct TractServerConfig {
     pub io_arms: u32,
     /// Bytes per second the injected disk transfers (0: no limit).
     pub io_bandwidth: u64,
+    /// Bytes per second copied when re-replicating rows (0: no limit).
+    pub fill_bandwidth: u64,
     pub limits: ServerLimits,
     /// A bug planted on purpose (simulator and tests only).
     #[doc(hidden)]
@@ -61,6 +63,7 @@ impl TractServerConfig {
             io_delay: Duration::ZERO,
             io_arms: 0,
             io_bandwidth: 0,
+            fill_bandwidth: 0,
             limits: ServerLimits::default(),
             planted_bug: crate::store::PlantedBug::None,
         }
@@ -133,11 +136,21 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         Some(b) => decode::<Assignment>(&b).map_err(|_| TractServerError::BadAssignment(path.clone()))?,
         None => Assignment::default(),
     };
-    let mut service =
-        TractService::new(env.clone(), store.clone(), cfg.meta.clone(), RowIndex::new(me, assignment));
+    let mut service = TractService::new(
+        env.clone(),
+        store.clone(),
+        cfg.meta.clone(),
+        RowIndex::new(me, assignment.clone()),
+    );
+    // Rows this server was still copying when it stopped: copied again.
+    service.fills.update(me, &assignment);
+    // Nothing is served before the metadata server has answered a
+    // heartbeat: this server may have been declared dead while it was down.
+    service.lease_until = std::sync::Mutex::new(Some(env.now()));
     service.request_timeout = cfg.request_timeout;
     service.io_delay = cfg.io_delay;
     service.io_bandwidth = cfg.io_bandwidth;
+    service.fill_bandwidth = cfg.fill_bandwidth;
     service.io_disk = std::sync::Mutex::new(InjectedDisk {
         arms_free_at: vec![None; cfg.io_arms as usize],
         pipe_free_at: None,
@@ -157,7 +170,8 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     let (shutdown, rx) = ShutdownHandle::new();
     let tasks = vec![
         tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
-        tokio::spawn(heartbeat_loop(env, service.clone(), cfg, addr.clone(), rx)),
+        tokio::spawn(heartbeat_loop(env, service.clone(), cfg, addr.clone(), rx.clone())),
+        tokio::spawn(service.clone().fill_loop(rx)),
     ];
     Ok(TractServerHandle { id: me, addr, service, shutdown, tasks })
 }
@@ -205,6 +219,7 @@ async fn heartbeat_loop(
         if let Some(c) = &conn {
             let (slots_total, slots_used) = service.store.usage();
             let rows = service.row_index();
+            let (filled, fill) = service.fills.report();
             let hb = Heartbeat {
                 ts_id: service.store.disk_id(),
                 addr: addr.clone(),
@@ -215,9 +230,12 @@ async fn heartbeat_loop(
                 load: service.inflight.load(Ordering::Relaxed),
                 disk_mbps: service.store.disk_mbps(),
                 assignment: (send_assignment && rows.assignment.cluster_id != 0).then_some(rows.assignment),
-                filled: vec![],
-                fill: Default::default(),
+                filled,
+                fill,
             };
+            // The lease counts from the sending: the metadata server's
+            // silence clock started no earlier than that.
+            let sent = env.now();
             match c.call_timeout(&env, cfg.request_timeout, &Request::Heartbeat(hb), Bytes::new()).await {
                 Ok((Reply::Heartbeat(r), _)) => {
                     if failing {
@@ -225,6 +243,8 @@ async fn heartbeat_loop(
                         failing = false;
                     }
                     interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
+                    *service.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                        (r.lease_ms > 0).then(|| sent + Duration::from_millis(r.lease_ms as u64));
                     send_assignment = r.send_assignment;
                     let fence = r.action == HeartbeatAction::StopServing;
                     if fence && !service.fenced.swap(true, Ordering::AcqRel) {

@@ -36,8 +36,8 @@ pub const BLOB_TRACTS_MAX: u64 = 1 << 40;
 #[derive(Clone, Debug, Default)]
 pub struct RowIndex {
     pub assignment: Assignment,
-    /// row → (version, this server's column, members)
-    rows: HashMap<u32, (u64, usize, Vec<TsId>)>,
+    /// row → (version, this server's column, members, members filling)
+    rows: HashMap<u32, (u64, usize, Vec<TsId>, Vec<TsId>)>,
 }
 
 impl RowIndex {
@@ -47,21 +47,33 @@ impl RowIndex {
             .iter()
             .filter_map(|r| {
                 let col = r.members.iter().position(|m| *m == me)?;
-                Some((r.row, (r.version, col, r.members.clone())))
+                Some((r.row, (r.version, col, r.members.clone(), r.filling.clone())))
             })
             .collect();
         RowIndex { assignment, rows }
     }
 
-    /// The version at which this server holds the row of `tract` −1 of
-    /// `blob` (0 if it does not hold it).
-    fn version_of(&self, blob: BlobId) -> u64 {
-        let len = self.assignment.tlt_len as usize;
-        if len == 0 {
-            return 0;
+    /// Whether this server lists the blobs whose metadata maps to `row`:
+    /// it is the row's first complete member (a filling member counts once
+    /// it has copied the whole row, `self_complete`), so every blob is
+    /// listed by at least one server while a newcomer copies the row.
+    fn lists_row(&self, me: TsId, row: u32, self_complete: bool) -> bool {
+        let Some((_, _, members, filling)) = self.rows.get(&row) else { return false };
+        let first = members.iter().find(|m| !filling.contains(m) || (**m == me && self_complete));
+        first == Some(&me)
+    }
+
+    /// Checks that this server holds `row` at `version`.
+    fn check_row(&self, row: u32, version: u64) -> Result<&[TsId], ErrorReply> {
+        match self.rows.get(&row) {
+            Some((v, _, _, filling)) if *v == version => Ok(filling),
+            Some((v, _, _, _)) => Err(ErrorReply {
+                code: ErrorCode::StaleVersion,
+                current_version: *v,
+                message: format!("row {row} is at version {v}, request used {version}"),
+            }),
+            None => Err(ErrorReply::new(ErrorCode::NotOwner, format!("row {row} is not served here"))),
         }
-        let row = locator(blob, TractNo::META, len) as u32;
-        self.rows.get(&row).map(|(v, _, _)| *v).unwrap_or(0)
     }
 
     /// Checks that `tract` of `blob` maps to a row this server holds at
@@ -72,7 +84,7 @@ impl RowIndex {
             return Err(ErrorReply::new(ErrorCode::NotReady, "this tractserver has no TLT assignment yet"));
         }
         let row = locator(blob, tract, len) as u32;
-        let Some((v, col, members)) = self.rows.get(&row) else {
+        let Some((v, col, members, _)) = self.rows.get(&row) else {
             return Err(ErrorReply {
                 code: ErrorCode::NotOwner,
                 current_version: 0,
@@ -125,8 +137,17 @@ pub struct TractService {
     /// Ordered so connections close in the same order on every run.
     conns: Mutex<BTreeMap<String, RpcConn>>,
     pub inflight: AtomicU32,
-    /// Set when the metadata server says this server is no longer a member.
+    /// Set when the metadata server says this server is no longer a member;
+    /// cleared when it gives this server its current assignment.
     pub fenced: std::sync::atomic::AtomicBool,
+    /// Serve only until then without another answered heartbeat (`None`:
+    /// no lease, for a service run without a metadata server).
+    pub lease_until: Mutex<Option<blizzard_env::Instant>>,
+    /// Rows being copied here as a newcomer (FDS §3.2).
+    pub fills: crate::fill::Fills,
+    /// Bytes per second this server copies when filling rows (0: no
+    /// limit): keeps recovery from starving client I/O.
+    pub fill_bandwidth: u64,
     /// Random, new at every start: a client holding cached (unsynced)
     /// writes learns from a changed boot id that they may be gone.
     pub boot: u64,
@@ -139,7 +160,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-fn store_err(e: StoreError) -> ErrorReply {
+pub(crate) fn store_err(e: StoreError) -> ErrorReply {
     let code = match &e {
         StoreError::OutOfRange { .. } => ErrorCode::OutOfRange,
         StoreError::BadCrc(_) => ErrorCode::BadCrc,
@@ -164,7 +185,7 @@ fn encode_meta(m: &BlobMeta) -> Bytes {
     Bytes::from(b)
 }
 
-fn decode_meta(b: &[u8]) -> Option<BlobMeta> {
+pub(crate) fn decode_meta(b: &[u8]) -> Option<BlobMeta> {
     if b.len() < 8 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != META_MAGIC {
         return None;
     }
@@ -191,7 +212,61 @@ impl TractService {
             conns: Mutex::new(BTreeMap::new()),
             inflight: AtomicU32::new(0),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            lease_until: Mutex::new(None),
+            fills: crate::fill::Fills::default(),
+            fill_bandwidth: 0,
         }
+    }
+
+    pub(crate) fn tlt_len(&self) -> usize {
+        match self.rows.read() {
+            Ok(g) => g.assignment.tlt_len as usize,
+            Err(p) => p.into_inner().assignment.tlt_len as usize,
+        }
+    }
+
+    pub(crate) fn remember_meta(&self, m: BlobMeta) {
+        lock(&self.metas).insert(m.blob, m);
+    }
+
+    pub(crate) fn forget_meta(&self, blob: BlobId) {
+        lock(&self.metas).remove(&blob);
+    }
+
+    /// Refuses everything while fenced or without a lease.
+    fn check_serving(&self) -> Result<(), ErrorReply> {
+        if self.fenced.load(Ordering::Acquire) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotOwner,
+                "this tractserver was removed from the cluster",
+            ));
+        }
+        if lock(&self.lease_until).is_some_and(|t| self.env.now() > t) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotOwner,
+                "this tractserver has lost contact with the metadata server and stopped serving until it is back",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that this server may be copied from for `row`: it holds the
+    /// row at `version` and is a complete member of it.
+    pub(crate) fn check_source(&self, row: u32, version: u64) -> Result<(), ErrorReply> {
+        self.check_serving()?;
+        let me = self.store.disk_id();
+        let g = match self.rows.read() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let filling = g.check_row(row, version)?;
+        if filling.contains(&me) && !self.fills.row_complete(row) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotReady,
+                format!("row {row} is still being copied here"),
+            ));
+        }
+        Ok(())
     }
 
     /// Loads every blob's metadata tract into memory (done once at start).
@@ -225,12 +300,7 @@ impl TractService {
     }
 
     fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(usize, Vec<TsId>), ErrorReply> {
-        if self.fenced.load(Ordering::Acquire) {
-            return Err(ErrorReply::new(
-                ErrorCode::NotOwner,
-                "this tractserver was removed from the cluster",
-            ));
-        }
+        self.check_serving()?;
         let g = match self.rows.read() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -255,7 +325,7 @@ impl TractService {
     /// latencies overlap and transfers share one pipe. Each request books
     /// its interval on a virtual timeline and sleeps once until its end, so
     /// timer granularity does not accumulate across queued requests.
-    async fn injected_delay(&self, len: u64) {
+    pub(crate) async fn injected_delay(&self, len: u64) {
         if self.io_delay.is_zero() && self.io_bandwidth == 0 {
             return;
         }
@@ -297,6 +367,9 @@ impl TractService {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
                 }
+                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
+                    return (Err(e), Bytes::new());
+                }
                 self.injected_delay(data.len() as u64).await;
                 let (durable, reply) = if op == Opcode::WriteTract {
                     (Durability::Synced, Reply::Done)
@@ -325,7 +398,8 @@ impl TractService {
                 (r.map(|_| Reply::Boot { boot: self.boot }).map_err(store_err), Bytes::new())
             }
             Request::ReadTract { addr, offset, len } => {
-                if let Err(e) = self.data_check(&addr) {
+                if let Err(e) = self.data_check(&addr).and_then(|_| self.check_copied(addr.blob, addr.tract))
+                {
                     return (Err(e), Bytes::new());
                 }
                 self.injected_delay(len as u64).await;
@@ -338,11 +412,17 @@ impl TractService {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
                 }
+                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
+                    return (Err(e), Bytes::new());
+                }
                 let r = self.store.delete(addr.blob, addr.incarnation, addr.tract).await;
                 (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
             }
             Request::MappedTract { addr } => {
                 if let Err(e) = self.data_check(&addr) {
+                    return (Err(e), Bytes::new());
+                }
+                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
                     return (Err(e), Bytes::new());
                 }
                 let bitmap = self.store.mapped(addr.blob, addr.incarnation, addr.tract).await;
@@ -352,6 +432,9 @@ impl TractService {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
                 }
+                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
+                    return (Err(e), Bytes::new());
+                }
                 let r = self.store.trim(addr.blob, addr.incarnation, addr.tract, offset, len).await;
                 (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
             }
@@ -359,17 +442,27 @@ impl TractService {
                 // Only blobs whose metadata row this server leads: a union
                 // over all tractservers then lists each blob once.
                 let rows = self.row_index();
-                let mut v: Vec<BlobMeta> = lock(&self.metas)
-                    .values()
-                    .filter(|m| {
-                        rows.check(m.blob, TractNo::META, rows.version_of(m.blob)).is_ok_and(|(c, _)| c == 0)
-                    })
-                    .copied()
-                    .collect();
+                let me = self.store.disk_id();
+                let len = rows.assignment.tlt_len as usize;
+                let mut v: Vec<BlobMeta> = if len == 0 || self.check_serving().is_err() {
+                    Vec::new()
+                } else {
+                    lock(&self.metas)
+                        .values()
+                        .filter(|m| {
+                            let row = locator(m.blob, TractNo::META, len) as u32;
+                            rows.lists_row(me, row, self.fills.row_complete(row))
+                        })
+                        .copied()
+                        .collect()
+                };
                 v.sort_by_key(|m| m.blob);
                 (Ok(Reply::Blobs(v)), Bytes::new())
             }
             Request::GetBlob { blob, row_version } => {
+                if let Err(e) = self.ensure_copied(blob, TractNo::META).await {
+                    return (Err(e), Bytes::new());
+                }
                 let r = self.check(blob, TractNo::META, row_version).and_then(|(col, _)| {
                     if col != 0 {
                         return Err(not_primary(blob));
@@ -407,6 +500,9 @@ impl TractService {
                 if let Err(e) = self.check(blob, TractNo::META, row_version) {
                     return (Err(e), Bytes::new());
                 }
+                if let Err(e) = self.ensure_copied(blob, TractNo::META).await {
+                    return (Err(e), Bytes::new());
+                }
                 let p = {
                     let mut prepared = lock(&self.prepared);
                     match prepared.get(&blob) {
@@ -433,8 +529,14 @@ impl TractService {
                 (Ok(Reply::Done), Bytes::new())
             }
             Request::AssignRows { assignment } => (self.assign(assignment).await, Bytes::new()),
-            Request::ListRowTracts { .. } | Request::CopyTract { .. } => {
-                (Err(ErrorReply::new(ErrorCode::BadRequest, "not yet")), Bytes::new())
+            Request::ListRowTracts { row, row_version, after } => {
+                (self.serve_list(row, row_version, after), Bytes::new())
+            }
+            Request::CopyTract { row, row_version, tract } => {
+                match self.serve_copy(row, row_version, tract).await {
+                    Ok((reply, data)) => (Ok(reply), data),
+                    Err(e) => (Err(e), Bytes::new()),
+                }
             }
             Request::Heartbeat(_)
             | Request::GetTlt { .. }
@@ -476,11 +578,18 @@ impl TractService {
         self.store.save_assignment(&encode(&a)).await.map_err(store_err)?;
         let rows = a.rows.len();
         let version = a.tlt_version;
+        let filling = a.rows.iter().filter(|r| r.filling.contains(&me)).count();
+        self.fills.update(me, &a);
         *match self.rows.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         } = RowIndex::new(me, a);
-        tracing::info!(rows, tlt_version = version, "stored new TLT assignment");
+        // An assignment from the metadata server makes this server a
+        // member again (a fenced server gets one once it is safe).
+        if self.fenced.swap(false, Ordering::AcqRel) {
+            tracing::info!("the metadata server gave this tractserver its current assignment; serving again");
+        }
+        tracing::info!(rows, filling, tlt_version = version, "stored new TLT assignment");
         Ok(Reply::Done)
     }
 
@@ -542,6 +651,7 @@ impl TractService {
         if col != 0 {
             return Err(not_primary(blob));
         }
+        self.ensure_copied(blob, TractNo::META).await?;
         let cur = lock(&self.metas).get(&blob).copied();
         let new: Option<BlobMeta> = match (op, cur) {
             (MetaOp::Create { .. }, Some(_)) => {
@@ -647,6 +757,11 @@ impl TractService {
     }
 
     async fn call_peer(&self, id: TsId, req: &Request) -> Result<Reply, RpcError> {
+        self.call_peer_data(id, req).await.map(|(r, _)| r)
+    }
+
+    /// Calls another tractserver, finding it through the TLT.
+    pub(crate) async fn call_peer_data(&self, id: TsId, req: &Request) -> Result<(Reply, Bytes), RpcError> {
         let mut last = None;
         for attempt in 0..2 {
             let addr = self.peer_addr(id, attempt > 0).await?;
@@ -655,7 +770,7 @@ impl TractService {
                 Err(e) => Err(e),
             };
             match res {
-                Ok((r, _)) => return Ok(r),
+                Ok(r) => return Ok(r),
                 Err(e @ RpcError::Remote { .. }) => return Err(e),
                 // The peer may have moved (restart on a new port): look again.
                 Err(e) => last = Some(e),

@@ -1,0 +1,512 @@
+//! Re-replication at a newcomer (FDS §3.2). When the metadata server puts
+//! this server into a row in place of a dead member, the row's assignment
+//! names it as *filling*: it copies every tract of the row from the row's
+//! complete members, while taking part in the row as usual otherwise.
+//!
+//! Invariants, and how they are kept:
+//! - A read is served only for a tract this server has (copied, or copied
+//!   then written): until then it answers `NotReady` and the client reads
+//!   another replica.
+//! - A client write never lands on a tract before its copy: any request
+//!   that changes a tract copies it first (on demand, under the tract's copy
+//!   lock), then applies itself. The background copier takes the same lock
+//!   and skips tracts already copied. So a write either finds the copy done
+//!   (and lands on top of it), or triggers it; a copy never overwrites a
+//!   newer write. The source holds every acknowledged write (clients write
+//!   every member of the row and complete only when all acknowledged), so
+//!   a copy taken at any moment has every write acknowledged before it.
+//! - Only complete members are copied from: they were in the row when every
+//!   acknowledged write reached it.
+//! - Which tracts are copied lives in memory. After a restart the stored
+//!   assignment still names this server as filling and every tract of the
+//!   row is copied again: always safe, since the sources have everything.
+//! - A row counts as filled (reported in heartbeats) once every tract the
+//!   source listed is copied; tracts created since were copied on their
+//!   first write. The metadata server then clears the filling mark.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use blizzard_core::limits::CHUNK_SIZE;
+use blizzard_core::tlt::locator;
+use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+use blizzard_proto::{
+    Assignment, ErrorCode, ErrorReply, FillProgress, Reply, Request, RowRef, RowTract, ROW_TRACTS_PAGE,
+};
+use blizzard_rpc::Shutdown;
+
+use crate::service::{decode_meta, store_err, TractService};
+use crate::store::Durability;
+
+/// Tracts one newcomer copies at once. Each holds up to a tract in memory;
+/// recovery's parallelism comes mostly from every newcomer copying at once.
+const COPY_PARALLEL: usize = 4;
+
+/// Pause before trying a row again after its copy failed.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+struct RowFill {
+    version: u64,
+    /// The row's complete members other than this server, primary first.
+    /// Only the first is copied from: a member in a lower column holds a
+    /// superset of the tracts of a higher one (a blob of replication r uses
+    /// only the first r columns, FDS §3.4), so a later one may lack tracts
+    /// the first has, and reading "no such tract" from it would install a
+    /// hole. If the first is unreachable the copy waits: either it comes
+    /// back, or the metadata server replaces it and the next complete
+    /// member becomes the first.
+    sources: Vec<TsId>,
+    done: HashSet<(BlobId, TractNo)>,
+    /// Tracts the source listed (0 until listed).
+    listed: u64,
+    complete: bool,
+}
+
+/// Held while a tract is copied, so a write waits for the copy it needs.
+type CopyLock = Arc<tokio::sync::Mutex<()>>;
+
+/// This server's rows being filled.
+#[derive(Default)]
+pub struct Fills {
+    rows: Mutex<HashMap<u32, RowFill>>,
+    /// Fast path: no row is being filled (almost always).
+    any: AtomicBool,
+    locks: Mutex<HashMap<(BlobId, TractNo), CopyLock>>,
+    bytes_done: AtomicU64,
+    wake: Notify,
+    /// When the copy budget is next free (see `TractService::fill_bandwidth`).
+    paced_until: Mutex<Option<blizzard_env::Instant>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Fills {
+    /// Follows a new assignment: starts filling rows that name this server
+    /// as filling, keeps what was copied of rows it still fills (a version
+    /// bump because another member changed does not undo a copy), and
+    /// forgets rows it no longer fills.
+    pub fn update(&self, me: TsId, a: &Assignment) {
+        let mut rows = lock(&self.rows);
+        let mut keep = HashSet::new();
+        for r in a.rows.iter().filter(|r| r.filling.contains(&me)) {
+            keep.insert(r.row);
+            let sources = r.members.iter().copied().filter(|m| *m != me && !r.filling.contains(m)).collect();
+            let f = rows.entry(r.row).or_insert_with(|| RowFill {
+                version: r.version,
+                sources: Vec::new(),
+                done: HashSet::new(),
+                listed: 0,
+                complete: false,
+            });
+            f.version = r.version;
+            f.sources = sources;
+        }
+        rows.retain(|r, _| keep.contains(r));
+        self.any.store(!rows.is_empty(), Ordering::Release);
+        drop(rows);
+        self.wake.notify_one();
+    }
+
+    /// Whether this server may list the blobs of `row`'s metadata: it is
+    /// filling the row and has copied all of it.
+    pub fn row_complete(&self, row: u32) -> bool {
+        lock(&self.rows).get(&row).is_some_and(|f| f.complete)
+    }
+
+    /// Rows copied completely (for the heartbeat) and progress.
+    pub fn report(&self) -> (Vec<RowRef>, FillProgress) {
+        let rows = lock(&self.rows);
+        let mut p =
+            FillProgress { bytes_done: self.bytes_done.load(Ordering::Relaxed), ..Default::default() };
+        let mut filled = Vec::new();
+        for (row, f) in rows.iter() {
+            if f.complete {
+                filled.push(RowRef { row: *row, version: f.version });
+            } else {
+                p.rows += 1;
+                p.tracts_total += f.listed.max(f.done.len() as u64);
+                p.tracts_done += f.done.len() as u64;
+            }
+        }
+        filled.sort_by_key(|r| r.row);
+        (filled, p)
+    }
+
+    fn tract_lock(&self, key: (BlobId, TractNo)) -> CopyLock {
+        lock(&self.locks).entry(key).or_default().clone()
+    }
+
+    /// Forgets a tract's lock once nobody else holds or waits for it.
+    fn release_lock(&self, key: (BlobId, TractNo), l: &CopyLock) {
+        let mut locks = lock(&self.locks);
+        if locks.get(&key).is_some_and(|x| Arc::ptr_eq(x, l) && Arc::strong_count(x) == 2) {
+            locks.remove(&key);
+        }
+    }
+}
+
+/// A copy's chunks, checked against the tract size.
+struct Copied {
+    incarnation: Incarnation,
+    /// (first chunk, chunk count) of each run of present chunks.
+    runs: Vec<(u32, u32)>,
+    crcs: Vec<u32>,
+    data: Bytes,
+}
+
+fn parse_copy(
+    tract_size: u32,
+    incarnation: Incarnation,
+    bitmap: &[u8],
+    crcs: Vec<u32>,
+    data: Bytes,
+) -> Option<Copied> {
+    let chunks = tract_size / CHUNK_SIZE;
+    if bitmap.len() > (chunks as usize).div_ceil(8) {
+        return None;
+    }
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for i in 0..(bitmap.len() as u32 * 8) {
+        if bitmap[(i / 8) as usize] & (1 << (i % 8)) == 0 {
+            continue;
+        }
+        if i >= chunks {
+            return None;
+        }
+        match runs.last_mut() {
+            Some((first, n)) if *first + *n == i => *n += 1,
+            _ => runs.push((i, 1)),
+        }
+    }
+    let n: u32 = runs.iter().map(|(_, n)| n).sum();
+    if crcs.len() != n as usize || data.len() != n as usize * CHUNK_SIZE as usize {
+        return None;
+    }
+    Some(Copied { incarnation, runs, crcs, data })
+}
+
+impl TractService {
+    /// If `tract` of `blob` is in a row this server is filling and not yet
+    /// copied: the row, its version and where to copy from.
+    pub(crate) fn copy_pending(&self, blob: BlobId, tract: TractNo) -> Option<(u32, u64, Vec<TsId>)> {
+        if !self.fills.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let len = self.tlt_len();
+        if len == 0 {
+            return None;
+        }
+        let row = locator(blob, tract, len) as u32;
+        let rows = lock(&self.fills.rows);
+        let f = rows.get(&row)?;
+        (!f.complete && !f.done.contains(&(blob, tract))).then(|| (row, f.version, f.sources.clone()))
+    }
+
+    /// Refuses a read of a tract not copied here yet.
+    pub(crate) fn check_copied(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
+        match self.copy_pending(blob, tract) {
+            None => Ok(()),
+            Some((row, _, _)) => Err(ErrorReply::new(
+                ErrorCode::NotReady,
+                format!("row {row} is still being copied to this server; read another replica"),
+            )),
+        }
+    }
+
+    /// Copies a tract of a row being filled here, unless done: called by
+    /// every request that changes a tract, before it does.
+    pub(crate) async fn ensure_copied(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
+        if self.copy_pending(blob, tract).is_none() {
+            return Ok(());
+        }
+        let key = (blob, tract);
+        let l = self.fills.tract_lock(key);
+        let r = {
+            let _g = l.lock().await;
+            match self.copy_pending(blob, tract) {
+                None => Ok(()),
+                Some((row, version, sources)) => {
+                    let r = self.copy_tract(row, version, &sources, blob, tract).await;
+                    if r.is_ok() {
+                        if let Some(f) = lock(&self.fills.rows).get_mut(&row) {
+                            f.done.insert(key);
+                        }
+                    }
+                    r
+                }
+            }
+        };
+        self.fills.release_lock(key, &l);
+        r
+    }
+
+    async fn copy_tract(
+        &self,
+        row: u32,
+        version: u64,
+        sources: &[TsId],
+        blob: BlobId,
+        tract: TractNo,
+    ) -> Result<(), ErrorReply> {
+        let req = Request::CopyTract { row, row_version: version, tract: RowTract { blob, tract } };
+        let last = match sources.first() {
+            None => String::from("the row has no complete member"),
+            Some(src) => match self.call_peer_data(*src, &req).await {
+                Ok((Reply::TractCopy { incarnation, bitmap, crcs }, data)) => {
+                    match parse_copy(self.store.tract_size(), incarnation, &bitmap, crcs, data) {
+                        Some(c) => return self.install(version, blob, tract, c).await,
+                        None => format!("{src} sent a malformed copy"),
+                    }
+                }
+                Ok((other, _)) => format!("{src} answered a copy with {other:?}"),
+                Err(e) => e.to_string(),
+            },
+        };
+        Err(ErrorReply::new(
+            ErrorCode::NotReady,
+            format!("tract {tract} of {blob} is being copied to this server and no complete replica gave it ({last}); retry"),
+        ))
+    }
+
+    /// Replaces this server's copy of a tract with `c`, durably.
+    async fn install(&self, version: u64, blob: BlobId, tract: TractNo, c: Copied) -> Result<(), ErrorReply> {
+        // Whatever was here is stale: this server may have held the row
+        // long ago, or a copy was cut off by a restart.
+        if let Some(old) = self.store.incarnation_of(blob, tract).await {
+            self.store.delete(blob, old, tract).await.map_err(store_err)?;
+        }
+        if c.incarnation == 0 || c.runs.is_empty() {
+            if tract.is_meta() {
+                self.forget_meta(blob);
+            }
+            return Ok(());
+        }
+        self.injected_delay(c.data.len() as u64).await;
+        self.pace(c.data.len() as u64).await;
+        let mut at = 0usize;
+        for (first, n) in &c.runs {
+            let (n, chunk) = (*n as usize, CHUNK_SIZE as usize);
+            let data = c.data.slice(at * chunk..(at + n) * chunk);
+            let crcs = &c.crcs[at..at + n];
+            self.store
+                .write_with(
+                    blob,
+                    c.incarnation,
+                    tract,
+                    version,
+                    first * CHUNK_SIZE,
+                    data,
+                    crcs,
+                    Durability::Cached,
+                )
+                .await
+                .map_err(store_err)?;
+            at += n;
+        }
+        self.store.sync().await.map_err(store_err)?;
+        if tract.is_meta() {
+            match decode_meta(&c.data) {
+                Some(m) if m.blob == blob && m.incarnation == c.incarnation => self.remember_meta(m),
+                _ => tracing::warn!(%blob, "copied metadata tract holds no valid record"),
+            }
+        }
+        self.fills.bytes_done.fetch_add(c.data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Holds copying to `fill_bandwidth`: each copy books its bytes on one
+    /// timeline and waits until its turn ends, so parallel copies share it.
+    async fn pace(&self, len: u64) {
+        if self.fill_bandwidth == 0 {
+            return;
+        }
+        let now = self.env.now();
+        let end = {
+            let mut p = lock(&self.fills.paced_until);
+            let start = p.map_or(now, |t| t.max(now));
+            let end = start + Duration::from_secs_f64(len as f64 / self.fill_bandwidth as f64);
+            *p = Some(end);
+            end
+        };
+        if end > now {
+            self.env.sleep(end - now).await;
+        }
+    }
+
+    /// Serves `CopyTract`: the tract's present chunks with their CRCs.
+    pub(crate) async fn serve_copy(
+        &self,
+        row: u32,
+        row_version: u64,
+        t: RowTract,
+    ) -> Result<(Reply, Bytes), ErrorReply> {
+        self.check_source(row, row_version)?;
+        if locator(t.blob, t.tract, self.tlt_len()) as u32 != row {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                format!("tract {} is not in row {row}", t.tract),
+            ));
+        }
+        let Some(inc) = self.store.incarnation_of(t.blob, t.tract).await else {
+            return Ok((Reply::TractCopy { incarnation: 0, bitmap: vec![], crcs: vec![] }, Bytes::new()));
+        };
+        let bitmap = self.store.mapped(t.blob, inc, t.tract).await;
+        let mut data = Vec::new();
+        let mut crcs = Vec::new();
+        let present: Vec<u32> = (0..bitmap.len() as u32 * 8)
+            .filter(|i| bitmap[(*i / 8) as usize] & (1 << (i % 8)) != 0)
+            .collect();
+        // Read runs of present chunks (one read each), verified by the store.
+        let mut i = 0;
+        while i < present.len() {
+            let mut n = 1;
+            while i + n < present.len() && present[i + n] == present[i] + n as u32 {
+                n += 1;
+            }
+            let (b, c) = self
+                .store
+                .read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE)
+                .await
+                .map_err(store_err)?;
+            data.extend_from_slice(&b);
+            crcs.extend(c);
+            i += n;
+        }
+        self.injected_delay(data.len() as u64).await;
+        Ok((Reply::TractCopy { incarnation: inc, bitmap, crcs }, Bytes::from(data)))
+    }
+
+    /// Serves `ListRowTracts`: a page of the tracts this server holds in `row`.
+    pub(crate) fn serve_list(
+        &self,
+        row: u32,
+        row_version: u64,
+        after: Option<RowTract>,
+    ) -> Result<Reply, ErrorReply> {
+        self.check_source(row, row_version)?;
+        let len = self.tlt_len();
+        let after = after.map(|a| (a.blob, a.tract));
+        let mut tracts: Vec<RowTract> = self
+            .store
+            .tracts()
+            .into_iter()
+            .filter(|k| after.is_none_or(|a| *k > a))
+            .filter(|(b, t)| locator(*b, *t, len) as u32 == row)
+            .take(ROW_TRACTS_PAGE + 1)
+            .map(|(blob, tract)| RowTract { blob, tract })
+            .collect();
+        let more = tracts.len() > ROW_TRACTS_PAGE;
+        tracts.truncate(ROW_TRACTS_PAGE);
+        Ok(Reply::RowTracts { tracts, more })
+    }
+
+    /// Copies every row being filled here, one row at a time, until the
+    /// server stops. Woken by new assignments; rows that fail (a source
+    /// down, a version change under way) are tried again shortly.
+    pub async fn fill_loop(self: Arc<Self>, mut shutdown: Shutdown) {
+        loop {
+            let todo: Vec<u32> = {
+                let rows = lock(&self.fills.rows);
+                let mut v: Vec<u32> = rows.iter().filter(|(_, f)| !f.complete).map(|(r, _)| *r).collect();
+                v.sort_unstable();
+                v
+            };
+            let mut failed = false;
+            for row in todo {
+                let r = tokio::select! {
+                    biased;
+                    _ = shutdown.wait() => return,
+                    r = self.fill_row(row) => r,
+                };
+                if let Err(e) = r {
+                    tracing::warn!(row, error = %e, "copying a row failed; retrying");
+                    failed = true;
+                }
+            }
+            let pause = if failed { RETRY_PAUSE } else { Duration::from_secs(5) };
+            tokio::select! {
+                biased;
+                _ = shutdown.wait() => return,
+                _ = self.fills.wake.notified() => {}
+                _ = self.env.sleep(pause) => {}
+            }
+        }
+    }
+
+    async fn fill_row(&self, row: u32) -> Result<(), ErrorReply> {
+        let Some((version, sources)) =
+            lock(&self.fills.rows).get(&row).filter(|f| !f.complete).map(|f| (f.version, f.sources.clone()))
+        else {
+            return Ok(());
+        };
+        let started = self.env.now();
+        let tracts = self.list_row(row, version, &sources).await?;
+        if let Some(f) = lock(&self.fills.rows).get_mut(&row) {
+            f.listed = tracts.len() as u64;
+        }
+        let bytes_before = self.fills.bytes_done.load(Ordering::Relaxed);
+        let keys: Vec<(BlobId, TractNo)> = tracts.iter().map(|t| (t.blob, t.tract)).collect();
+        let results: Vec<Result<(), ErrorReply>> = futures::stream::iter(keys)
+            .map(|(blob, tract)| self.ensure_copied(blob, tract))
+            .buffer_unordered(COPY_PARALLEL)
+            .collect()
+            .await;
+        if let Some(e) = results.into_iter().find_map(|r| r.err()) {
+            return Err(e);
+        }
+        let mut rows = lock(&self.fills.rows);
+        let Some(f) = rows.get_mut(&row) else { return Ok(()) };
+        // Listed under another version: the row changed meanwhile (a source
+        // may have been replaced); list again to be sure nothing is missed.
+        if f.version != version {
+            return Err(ErrorReply::new(ErrorCode::StaleVersion, "row changed while copying"));
+        }
+        f.complete = true;
+        let bytes = self.fills.bytes_done.load(Ordering::Relaxed) - bytes_before;
+        let secs = self.env.now().duration_since(started).as_secs_f64();
+        tracing::info!(row, version, tracts = tracts.len(), bytes, secs, "row copied");
+        Ok(())
+    }
+
+    async fn list_row(&self, row: u32, version: u64, sources: &[TsId]) -> Result<Vec<RowTract>, ErrorReply> {
+        // The first complete member only (see `RowFill::sources`).
+        let Some(src) = sources.first() else {
+            return Err(ErrorReply::new(
+                ErrorCode::NotReady,
+                format!("row {row} has no complete member to copy from"),
+            ));
+        };
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let req = Request::ListRowTracts { row, row_version: version, after };
+            let last = match self.call_peer_data(*src, &req).await {
+                Ok((Reply::RowTracts { tracts, more }, _)) => {
+                    after = tracts.last().copied();
+                    out.extend(tracts);
+                    if !more || after.is_none() {
+                        return Ok(out);
+                    }
+                    continue;
+                }
+                Ok((other, _)) => format!("{src} answered a listing with {other:?}"),
+                Err(e) => e.to_string(),
+            };
+            return Err(ErrorReply::new(
+                ErrorCode::NotReady,
+                format!("cannot list row {row} on {src}: {last}"),
+            ));
+        }
+    }
+}

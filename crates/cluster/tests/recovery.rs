@@ -1,0 +1,227 @@
+//! Re-replication (FDS §3.2) in one process on real sockets and files: a
+//! tractserver stops, the metadata server declares it dead, newcomers copy
+//! its rows from the survivors while clients keep writing, and every
+//! replica ends up with every acknowledged byte. The same with real
+//! processes and SIGKILL is `crates/cli/tests/fault_recovery.rs`.
+
+#![allow(clippy::unwrap_used)]
+// Real time: the cluster runs on real sockets and files.
+#![allow(clippy::disallowed_methods)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::{Rng, SeedableRng};
+
+use blizzard_client::{Blob, Client};
+use blizzard_cluster::{Cluster, ClusterConfig};
+use blizzard_env::Env;
+
+const TRACT: u32 = 64 << 10;
+
+type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+async fn cluster(dir: &tempfile::TempDir, n: usize, replication: u8) -> Cluster {
+    init_tracing();
+    let mut cfg = ClusterConfig::new(dir.path());
+    cfg.tractservers = n;
+    cfg.replication = replication;
+    cfg.tract_size = TRACT;
+    cfg.disk_size = 64 << 20;
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    // Copying is held to 128 KiB/s per newcomer, so client reads and writes
+    // meet tracts not copied yet.
+    cfg.fill_bandwidth = 128 << 10;
+    Cluster::start(Env::real(), cfg).await.unwrap()
+}
+
+/// Every acknowledged byte of each blob, tract by tract.
+struct Model {
+    blobs: Vec<(Blob, Vec<Vec<u8>>)>,
+    rng: rand::rngs::SmallRng,
+}
+
+impl Model {
+    async fn new(
+        client: &Client,
+        replications: &[u8],
+        tracts: u64,
+        seed: u64,
+    ) -> Result<Model, Box<dyn std::error::Error + Send + Sync>> {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut blobs = Vec::new();
+        for &r in replications {
+            let b = client.create_blob(None, r).await?;
+            b.extend_to(tracts).await?;
+            let mut content = Vec::new();
+            for t in 0..tracts {
+                // Leave some tracts unwritten and some partly written.
+                let len = match t % 4 {
+                    0 => 0,
+                    1 => 5000,
+                    _ => TRACT as usize,
+                };
+                let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                if len > 0 {
+                    b.write(t, 0, Bytes::from(data.clone())).await?;
+                }
+                let mut full = data;
+                full.resize(TRACT as usize, 0);
+                content.push(full);
+            }
+            blobs.push((b, content));
+        }
+        Ok(Model { blobs, rng })
+    }
+
+    /// A random write, recorded once acknowledged.
+    async fn write(&mut self) -> R {
+        let i = self.rng.random_range(0..self.blobs.len());
+        let (b, content) = &mut self.blobs[i];
+        let t = self.rng.random_range(0..content.len());
+        let off = self.rng.random_range(0..TRACT - 1);
+        let len = self.rng.random_range(1..=(TRACT - off).min(20_000));
+        let data: Vec<u8> = (0..len).map(|_| self.rng.random()).collect();
+        b.write(t as u64, off, Bytes::from(data.clone())).await?;
+        content[t][off as usize..(off + len) as usize].copy_from_slice(&data);
+        Ok(())
+    }
+
+    /// A random read (from whichever replica the client picks) matches.
+    async fn read(&mut self) -> R {
+        let i = self.rng.random_range(0..self.blobs.len());
+        let (b, content) = &self.blobs[i];
+        let t = self.rng.random_range(0..content.len());
+        let off = self.rng.random_range(0..TRACT - 1);
+        let len = self.rng.random_range(1..=(TRACT - off).min(20_000));
+        let got = b.read(t as u64, off, len).await?;
+        assert!(
+            got[..] == content[t][off as usize..(off + len) as usize],
+            "blob {} tract {t} read [{off}, +{len}) differs",
+            b.id()
+        );
+        Ok(())
+    }
+
+    /// Every replica of every tract holds exactly the model.
+    async fn verify_replicas(&self) -> R {
+        for (b, content) in &self.blobs {
+            for (t, want) in content.iter().enumerate() {
+                let got = b.read_replicas(t as u64, 0, TRACT).await?;
+                assert_eq!(got.len(), b.replication() as usize, "blob {} tract {t}", b.id());
+                for (r, g) in got.iter().enumerate() {
+                    if g[..] != want[..] {
+                        let at = g.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+                        panic!(
+                            "blob {} (replication {}) tract {t} replica {r} differs at byte {at}",
+                            b.id(),
+                            b.replication()
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes and reads (each checked against the model) until the cluster
+/// reports full replication with every server of `dead` declared dead.
+/// Returns how many rounds ran while a row was still being copied.
+async fn load_until_fully_replicated(client: &Client, model: &mut Model, dead: &[String]) -> R {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut filling_rounds = 0;
+    loop {
+        model.write().await?;
+        for _ in 0..6 {
+            model.read().await?;
+        }
+        let s = client.cluster_status().await?;
+        if s.rows_filling > 0 {
+            // Once, mid-copy: every replica of every tract, newcomers
+            // included (a newcomer answers "not ready" until it has copied
+            // a tract, and the client retries).
+            if filling_rounds == 0 {
+                model.verify_replicas().await?;
+            }
+            filling_rounds += 1;
+        }
+        let dead_ok = dead.iter().all(|a| s.members.iter().any(|m| &m.addr == a && m.dead));
+        if s.fully_replicated() && dead_ok {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no full replication within 60 s: {s:#?}");
+    }
+    // The load must have overlapped the copying, or it tested nothing.
+    assert!(filling_rounds > 0, "the load never met a row being copied");
+    Ok(())
+}
+
+/// One tractserver stops; its rows are re-replicated by the others while a
+/// client keeps writing (including tracts not yet copied, which the
+/// newcomer copies before applying the write), and blobs of every
+/// replication level keep every byte on every replica. The stopped server
+/// then returns: it is fenced, given its current (empty) assignment, and
+/// the cluster stays fully replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_tractserver_is_re_replicated_under_writes() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut c = cluster(&dir, 8, 3).await;
+    let client = c.client().await?;
+    let mut model = Model::new(&client, &[3, 2, 3], 48, 7).await?;
+    model.verify_replicas().await?;
+
+    let victim = c.tractserver(0).unwrap().addr.clone();
+    let victim_id = c.tractserver(0).unwrap().id;
+    let rows_before = client
+        .tlt()
+        .rows
+        .iter()
+        .filter(|r| r.members.iter().any(|&m| client.tlt().members[m as usize].id == victim_id))
+        .count();
+    assert!(rows_before > 0);
+    c.stop_tractserver(0).await;
+    // Writes go on through the failure: retried until the new rows are
+    // served, then applied on every member, newcomers included; reads
+    // never see a newcomer's tract before it is copied.
+    load_until_fully_replicated(&client, &mut model, std::slice::from_ref(&victim)).await?;
+    for _ in 0..50 {
+        model.write().await?;
+    }
+    model.verify_replicas().await?;
+    let tlt = client.tlt();
+    assert!(
+        !tlt.rows.iter().any(|r| r.members.iter().any(|&m| tlt.members[m as usize].id == victim_id)),
+        "the dead server still holds rows"
+    );
+
+    // It comes back (same disk, new port): it must not take its old rows
+    // back, and the cluster stays whole.
+    c.start_tractserver(0).await?;
+    let back = c.tractserver(0).unwrap().addr.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = client.cluster_status().await?;
+        if s.members.iter().any(|m| m.addr == back && m.alive && !m.dead) && s.fully_replicated() {
+            assert_eq!(s.members.iter().find(|m| m.addr == back).unwrap().rows, 0);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "returning server not settled: {s:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..50 {
+        model.write().await?;
+    }
+    model.verify_replicas().await?;
+    c.stop().await;
+    Ok(())
+}
