@@ -1,12 +1,13 @@
-//! Failure recovery across real processes: a metadata server and eight
+//! Failure recovery across real processes: a metadata server and ten
 //! tractservers run as `blizzard` processes on loopback TCP and disk files,
 //! three 3-way blobs take a continuous verified load from this process, and
 //! tractservers are SIGKILLed one step at a time (one; two in quick
-//! succession; one, then one of the newcomers while it is still copying).
+//! succession; one, then one of the newcomers while it is still copying;
+//! the metadata server; one more under the restarted metadata server).
 //! After each step the metadata server must declare every killed server
 //! dead and bring every row back to three complete replicas, and then every
 //! replica of every tract must hold exactly the bytes acknowledged to the
-//! load. Four of the eight servers die in all; four remain for 3-way rows.
+//! load. Six of the ten tractservers die in all; four remain for 3-way rows.
 //!
 //! The load never sees an error: the client is meant to ride through a
 //! failure by retrying against the refreshed TLT, so a failed read or write
@@ -40,7 +41,7 @@ use blizzard_client::{Blob, Client, ClientConfig};
 use blizzard_env::Env;
 use blizzard_proto::ClusterStatus;
 
-const TRACTSERVERS: usize = 8;
+const TRACTSERVERS: usize = 10;
 const REPLICATION: u8 = 3;
 const TRACT_SIZE: usize = 1 << 20;
 const BLOBS: usize = 3;
@@ -171,12 +172,11 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn start_cluster(dir: &Path) -> Procs {
-    let meta_addr = format!("127.0.0.1:{}", free_port());
-    let args: Vec<String> = [
+fn meta_args(meta_addr: &str) -> Vec<String> {
+    [
         "meta",
         "--listen",
-        &meta_addr,
+        meta_addr,
         "--replication",
         &REPLICATION.to_string(),
         "--init-tractservers",
@@ -190,8 +190,12 @@ fn start_cluster(dir: &Path) -> Procs {
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect();
-    let meta = Proc::spawn("meta", &args, dir.join("meta.log"), meta_addr.clone());
+    .collect()
+}
+
+fn start_cluster(dir: &Path) -> Procs {
+    let meta_addr = format!("127.0.0.1:{}", free_port());
+    let meta = Proc::spawn("meta", &meta_args(&meta_addr), dir.join("meta.log"), meta_addr.clone());
     let mut procs = Procs { meta, ts: Vec::new() };
     for i in 0..TRACTSERVERS {
         let disk = dir.join(format!("ts{i}.disk")).display().to_string();
@@ -430,9 +434,12 @@ fn describe(s: &ClusterStatus, killed: &[String]) -> String {
 }
 
 /// Whether the cluster has recovered from every kill so far: every row
-/// complete, every killed server declared dead, and nobody still copying.
+/// complete, every killed server declared dead (or, after a metadata server
+/// restart, forgotten: the new one rebuilds the table from live servers and
+/// never hears of one that died before it and holds no rows), and nobody
+/// still copying.
 fn recovered(s: &ClusterStatus, killed: &[String]) -> bool {
-    let all_dead = killed.iter().all(|a| s.members.iter().any(|m| &m.addr == a && m.dead));
+    let all_dead = killed.iter().all(|a| s.members.iter().all(|m| &m.addr != a || (m.dead && m.rows == 0)));
     let copying = s.members.iter().any(|m| m.alive && m.fill.rows > 0);
     s.fully_replicated() && all_dead && !copying
 }
@@ -666,6 +673,28 @@ async fn cluster_recovers_from_tractserver_kills_under_load() {
         }
     };
     kill(&mut procs, &second, step);
+    finish_step(&client, &mut procs, &shared, step, since, ops_before).await;
+
+    // d. The metadata server, SIGKILLed mid-load and started again on the
+    // same address: it rebuilds the TLT from the tractservers' stored
+    // assignments while clients keep going on the table they cached.
+    let step = "step d (metadata server restart)";
+    let ops_before = shared.ops();
+    let since = Instant::now();
+    println!("{step}: SIGKILL meta ({})", procs.meta.addr);
+    procs.meta.kill();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let addr = procs.meta.addr.clone();
+    procs.meta = Proc::spawn("meta", &meta_args(&addr), dir.path().join("meta-2.log"), addr);
+    finish_step(&client, &mut procs, &shared, step, since, ops_before).await;
+
+    // e. One more tractserver, under the rebuilt metadata server (which
+    // never saw the earlier deaths): four remain.
+    let step = "step e (a kill after the metadata server restart)";
+    let ops_before = shared.ops();
+    let since = Instant::now();
+    let victim = random_live(&procs, &mut rng);
+    kill(&mut procs, &victim, step);
     finish_step(&client, &mut procs, &shared, step, since, ops_before).await;
 
     shared.stop.store(true, Ordering::SeqCst);
