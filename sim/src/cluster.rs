@@ -8,8 +8,14 @@
 //! and after it — must match it exactly. A write that fails is retried
 //! until acknowledged, so the model is always exact.
 //!
+//! Two phases: a safety phase (faults on; every read checked), then a
+//! liveness phase once a client has finished its workload: faults stop,
+//! every host is restarted, and each client waits until the cluster
+//! reports every row fully replicated (dead tractservers' rows copied to
+//! others, FDS §3.2), then checks every replica of every tract it wrote.
+//!
 //! Fault model exercised here (network faults beyond crashes — partitions,
-//! loss, delay, duplication — come with fault tolerance, issue 3):
+//! loss, delay, duplication — are still to come, issue 3):
 //! - tractserver crash: the host's software stops at once, open
 //!   connections break, and its disk crashes (`SimDisk::crash`); after a
 //!   pause the host restarts on the same disk;
@@ -73,6 +79,8 @@ pub struct BlobSimReport {
     pub verified_reads: u64,
     pub tractserver_crashes: u32,
     pub meta_restarts: u32,
+    /// Most rows seen being re-replicated at once (0: no recovery ran).
+    pub rows_refilled: u64,
     pub simulated: Duration,
 }
 
@@ -100,6 +108,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let trace = Trace::new();
     let acked = Arc::new(AtomicU64::new(0));
     let verified = Arc::new(AtomicU64::new(0));
+    let probe = Probe::default();
 
     let meta_lives = Rc::new(RefCell::new(0u64));
     {
@@ -153,8 +162,9 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         let host = format!("client{c}");
         let env = sim_env(seed, &host, SimDisks::new(0));
         let (trace, acked, verified, cfg) = (trace.clone(), acked.clone(), verified.clone(), cfg.clone());
+        let probe = probe.clone();
         sim.client(host.clone(), async move {
-            client_workload(env, host, cfg, trace, acked, verified)
+            client_workload(env, host, cfg, trace, acked, verified, probe)
                 .await
                 .map_err(|e| -> Box<dyn std::error::Error> { e.to_string().into() })
         });
@@ -176,6 +186,18 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         let now = sim.elapsed();
         // Let the cluster form before the first fault.
         if now < Duration::from_secs(2) {
+            continue;
+        }
+        // Liveness phase: no new faults; whatever is down comes back now.
+        if probe.faults_over.load(Ordering::Relaxed) {
+            if let Some((i, _)) = ts_down.take() {
+                sim.bounce(ts_host(i));
+                trace.event_at(now, "chaos", format!("restart {} (faults over)", ts_host(i)));
+            }
+            if meta_down.take().is_some() {
+                sim.bounce("meta");
+                trace.event_at(now, "chaos", "restart meta (faults over)");
+            }
             continue;
         }
         if cfg.crash_tractservers {
@@ -220,6 +242,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         verified_reads: verified.load(Ordering::Relaxed),
         tractserver_crashes: ts_crashes,
         meta_restarts,
+        rows_refilled: probe.rows_refilled.load(Ordering::Relaxed),
         simulated: sim.elapsed(),
     })
 }
@@ -231,6 +254,14 @@ fn tail(trace: &Trace, n: usize) -> String {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Shared between the clients and the chaos loop.
+#[derive(Clone, Default)]
+struct Probe {
+    /// Set by the first client to finish its workload: faults stop.
+    faults_over: Arc<std::sync::atomic::AtomicBool>,
+    rows_refilled: Arc<AtomicU64>,
+}
+
 /// One client: its own blob, random aligned and unaligned writes (retried
 /// until acknowledged), random verified reads, and a full verified read at
 /// the end.
@@ -241,6 +272,7 @@ async fn client_workload(
     trace: Trace,
     acked: Arc<AtomicU64>,
     verified: Arc<AtomicU64>,
+    probe: Probe,
 ) -> Result<(), BoxError> {
     let mut cc = ClientConfig::new(META_ADDR);
     cc.request_timeout = Duration::from_secs(2);
@@ -313,6 +345,11 @@ async fn client_workload(
         }
         model[t as usize][off as usize..(off + len) as usize].copy_from_slice(&data);
         acked.fetch_add(1, Ordering::Relaxed);
+        if w % 4 == 0 {
+            if let Ok(s) = client.cluster_status().await {
+                probe.rows_refilled.fetch_max(s.rows_filling as u64, Ordering::Relaxed);
+            }
+        }
         trace.event(&host, format!("ack write {w} tract {t} [{off}, +{len})"));
         if rng.random_ratio(1, 3) {
             let rt = rng.random_range(0..cfg.tracts_per_client);
@@ -328,7 +365,69 @@ async fn client_workload(
         read_verified(&model, t, 0, &got)?;
         verified.fetch_add(1, Ordering::Relaxed);
     }
-    trace.event(&host, "done: every acknowledged byte verified");
+    trace.event(&host, "safety phase done: every acknowledged byte verified");
+
+    // Liveness: faults stop; the cluster must return to full replication
+    // by itself, and then every replica must hold every acknowledged byte.
+    probe.faults_over.store(true, Ordering::Relaxed);
+    let deadline = env.now() + Duration::from_secs(600);
+    loop {
+        match client.cluster_status().await {
+            Ok(s) => {
+                probe.rows_refilled.fetch_max(s.rows_filling as u64, Ordering::Relaxed);
+                if s.fully_replicated() {
+                    trace.event(&host, format!("fully replicated at TLT v{}", s.tlt_version));
+                    break;
+                }
+                if env.now() > deadline {
+                    return Err(format!(
+                        "{host}: liveness: not fully replicated 600 s after faults stopped: phase {} rows_filling {} rows_degraded {}",
+                        s.phase, s.rows_filling, s.rows_degraded
+                    )
+                    .into());
+                }
+            }
+            Err(e) if env.now() > deadline => {
+                return Err(format!("{host}: liveness: metadata server unreachable: {e}").into())
+            }
+            Err(_) => {}
+        }
+        env.sleep(Duration::from_millis(100)).await;
+    }
+    for t in 0..cfg.tracts_per_client {
+        let mut tries = 0;
+        let replicas = loop {
+            match blob.read_replicas(t, 0, ts).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    tries += 1;
+                    if tries > 50 {
+                        return Err(format!("{host}: liveness: replicas of tract {t} unreadable: {e}").into());
+                    }
+                    env.sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        if replicas.len() != cfg.replication as usize {
+            return Err(format!(
+                "{host}: tract {t} has {} replicas, not {}",
+                replicas.len(),
+                cfg.replication
+            )
+            .into());
+        }
+        for (i, r) in replicas.iter().enumerate() {
+            if r[..] != model[t as usize][..] {
+                let at = r.iter().zip(&model[t as usize]).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!(
+                    "{host}: liveness: replica {i} of tract {t} differs from the acknowledged bytes at offset {at}"
+                )
+                .into());
+            }
+        }
+        verified.fetch_add(1, Ordering::Relaxed);
+    }
+    trace.event(&host, "done: every replica of every tract verified");
     Ok(())
 }
 

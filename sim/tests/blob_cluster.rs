@@ -21,7 +21,9 @@ fn run(args: &[&str]) -> (bool, String) {
 }
 
 /// 3-way replication over 6 tractservers in 4 failure domains: no
-/// acknowledged byte is lost or corrupted through crashes and restarts.
+/// acknowledged byte is lost or corrupted through crashes and restarts,
+/// tractservers down longer than `dead_after` are re-replicated, and once
+/// faults stop every row is whole again with every replica exact.
 #[test]
 fn three_way_seeds_keep_every_acknowledged_write() {
     let n = seeds().to_string();
@@ -32,6 +34,30 @@ fn three_way_seeds_keep_every_acknowledged_write() {
     assert!(
         !out.contains("tractserver_crashes=0 "),
         "no tractserver ever crashed: the run proves nothing\n{out}"
+    );
+    assert!(!out.contains("rows_refilled=0"), "no row was ever re-replicated: recovery went untested\n{out}");
+}
+
+/// The liveness check is not blind: newcomers that count tracts as copied
+/// without copying them leave replicas without acknowledged bytes.
+#[test]
+fn planted_skip_copy_is_caught() {
+    let (ok, out) = run(&[
+        "--seeds",
+        "20",
+        "--first",
+        "3001",
+        "--replication",
+        "3",
+        "--tractservers",
+        "6",
+        "--plant",
+        "skip-copy",
+    ]);
+    assert!(!ok, "newcomers that skip the copy went unnoticed:\n{out}");
+    assert!(
+        out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
+        "{out}"
     );
 }
 

@@ -693,8 +693,8 @@ fn print_status(s: &ClusterStatus) {
         );
     }
     println!(
-        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}  {}",
-        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "USED", "CAPACITY", "COPYING"
+        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}  COPYING",
+        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "USED", "CAPACITY"
     );
     for m in &s.members {
         let used = m.slots_used * s.tract_size as u64;

@@ -25,7 +25,7 @@ struct Args {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--no-crashes] [--plant ack-before-sync]"
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--no-crashes] [--plant ack-before-sync|skip-copy]"
     );
     ExitCode::from(2)
 }
@@ -45,6 +45,7 @@ fn parse() -> Option<Args> {
             "--trace" => a.trace = true,
             "--plant" => match it.next()?.as_str() {
                 "ack-before-sync" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::AckBeforeSync,
+                "skip-copy" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::SkipCopy,
                 _ => return None,
             },
             "--no-crashes" => {
@@ -67,9 +68,12 @@ fn config_flags(a: &Args) -> Vec<String> {
     if !a.cfg.crash_tractservers {
         v.push("--no-crashes".into());
     }
-    if a.cfg.planted_bug == blizzard_tractserver::PlantedBug::AckBeforeSync {
-        v.push("--plant".into());
-        v.push("ack-before-sync".into());
+    match a.cfg.planted_bug {
+        blizzard_tractserver::PlantedBug::None => {}
+        blizzard_tractserver::PlantedBug::AckBeforeSync => {
+            v.extend(["--plant".into(), "ack-before-sync".into()])
+        }
+        blizzard_tractserver::PlantedBug::SkipCopy => v.extend(["--plant".into(), "skip-copy".into()]),
     }
     v
 }
@@ -83,12 +87,13 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} rows_refilled={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
                     r.tractserver_crashes,
                     r.meta_restarts,
+                    r.rows_refilled,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -109,7 +114,7 @@ fn main() -> ExitCode {
     };
     let seeds: Vec<u64> = (a.first..a.first + a.seeds).collect();
     let mut failed = Vec::new();
-    let (mut acked, mut crashes, mut restarts) = (0u64, 0u64, 0u64);
+    let (mut acked, mut crashes, mut restarts, mut refilled) = (0u64, 0u64, 0u64, 0u64);
     for batch in seeds.chunks(a.jobs) {
         let children: Vec<_> = batch
             .iter()
@@ -132,6 +137,7 @@ fn main() -> ExitCode {
                     acked += field("acknowledged_writes=");
                     crashes += field("tractserver_crashes=");
                     restarts += field("meta_restarts=");
+                    refilled += field("rows_refilled=");
                 }
                 Ok(o) => {
                     println!("{}", String::from_utf8_lossy(&o.stdout));
@@ -146,7 +152,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts}",
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} rows_refilled={refilled}",
         seeds.len(),
         failed.len()
     );

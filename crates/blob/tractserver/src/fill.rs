@@ -237,7 +237,11 @@ impl TractService {
             match self.copy_pending(blob, tract) {
                 None => Ok(()),
                 Some((row, version, sources)) => {
-                    let r = self.copy_tract(row, version, &sources, blob, tract).await;
+                    let r = if self.store.planted(crate::store::PlantedBug::SkipCopy) {
+                        Ok(())
+                    } else {
+                        self.copy_tract(row, version, &sources, blob, tract).await
+                    };
                     if r.is_ok() {
                         if let Some(f) = lock(&self.fills.rows).get_mut(&row) {
                             f.done.insert(key);

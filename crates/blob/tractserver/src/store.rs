@@ -120,6 +120,8 @@ pub enum PlantedBug {
     None,
     /// Acknowledge writes before they are durable (skip the group commit).
     AckBeforeSync,
+    /// A newcomer counts a tract as copied without copying it.
+    SkipCopy,
 }
 
 /// Tract writes handed to the disk at once. Buffered writes to one file
@@ -289,7 +291,7 @@ impl Store {
         self.planted.store(bug as u8, Ordering::Relaxed);
     }
 
-    fn planted(&self, bug: PlantedBug) -> bool {
+    pub(crate) fn planted(&self, bug: PlantedBug) -> bool {
         self.planted.load(Ordering::Relaxed) == bug as u8 && bug != PlantedBug::None
     }
 
