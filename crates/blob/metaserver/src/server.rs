@@ -147,9 +147,13 @@ struct State {
     /// Members declared dead. A dead member that heartbeats again is told
     /// to stop serving until it has stored its current assignment.
     dead: BTreeSet<TsId>,
-    /// When the TLT was first served by this metadata server: the start of
-    /// the silence of a member that has not heartbeated since.
+    /// When the TLT was first served by this metadata server, or when this
+    /// server last woke from a stall: silence is counted from no earlier
+    /// than this, so neither a member that has not heartbeated since a
+    /// restart nor every member at once after the metadata server itself
+    /// was paused is declared dead before it had `dead_after` to report.
     ready_since: Option<Instant>,
+    last_recover: Option<Instant>,
     /// Versions handed out by a change whose assignment round failed: the
     /// next change numbers above them, so one (row, version) never names
     /// two memberships on the tractservers that stored the failed round.
@@ -204,6 +208,7 @@ impl MetaServer {
                 filling: BTreeMap::new(),
                 dead: BTreeSet::new(),
                 ready_since: None,
+                last_recover: None,
                 row_version_floor: HashMap::new(),
                 tlt_version_floor: 0,
                 first_report: None,
@@ -310,7 +315,9 @@ impl MetaServer {
             (st.phase, st.members.clone(), st.first_report)
         };
         if phase == Phase::Ready {
-            if let Err(e) = self.recover().await {
+            let r = self.recover().await;
+            lock(&self.state).last_recover = Some(self.env.now());
+            if let Err(e) = r {
                 let now = self.env.now();
                 let mut st = lock(&self.state);
                 if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(5)) {
@@ -628,12 +635,21 @@ impl MetaServer {
     async fn recover(&self) -> Result<(), MetaError> {
         let now = self.env.now();
         let (cur, members, filling, ready_since) = {
-            let st = lock(&self.state);
+            let mut st = lock(&self.state);
             let Some(cur) = st.tlt.clone() else { return Ok(()) };
+            // Rounds start every half heartbeat interval after the last one
+            // ended; a much longer gap means this process was stalled, and
+            // heartbeats may be queued.
+            if st.last_recover.is_some_and(|t| now.duration_since(t) > self.cfg.heartbeat_interval * 4) {
+                tracing::warn!("metadata server was stalled; restarting every member's silence clock");
+                st.ready_since = Some(now);
+            }
             (cur, st.members.clone(), st.filling.clone(), st.ready_since.unwrap_or(now))
         };
-        let age =
-            |id: &TsId| now.duration_since(members.get(id).map(|m| m.last_heartbeat).unwrap_or(ready_since));
+        let age = |id: &TsId| {
+            let last = members.get(id).map_or(ready_since, |m| m.last_heartbeat.max(ready_since));
+            now.duration_since(last)
+        };
 
         // Deaths and returns.
         let known: BTreeSet<TsId> = cur.members.iter().map(|m| m.id).chain(members.keys().copied()).collect();
