@@ -146,6 +146,14 @@ enum Cmd {
         /// Delay added to each tract read and write (benchmarks only).
         #[arg(long, default_value_t = 0.0)]
         io_delay_ms: f64,
+        /// Megabytes per second the scrubber re-reads to find and repair
+        /// damaged chunks (0: no scrubbing).
+        #[arg(long, default_value_t = 4)]
+        scrub_mbps: u64,
+        /// Megabytes per second this server copies while re-replicating the
+        /// rows of a dead tractserver (0: as fast as it can).
+        #[arg(long, default_value_t = 0)]
+        fill_mbps: u64,
     },
     /// Show the cluster: members, failure domains, TLT, disk usage.
     Status {
@@ -431,7 +439,17 @@ async fn run(cli: Cli) -> Result<()> {
                 _ = tokio::signal::ctrl_c() => h.stop().await,
             }
         }
-        Cmd::Tractserver { disk, listen, advertise, meta, failure_domain, create_size, io_delay_ms } => {
+        Cmd::Tractserver {
+            disk,
+            listen,
+            advertise,
+            meta,
+            failure_domain,
+            create_size,
+            io_delay_ms,
+            scrub_mbps,
+            fill_mbps,
+        } => {
             let mut cfg = TractServerConfig::new(disk, listen, meta);
             cfg.advertise = advertise;
             cfg.failure_domain = failure_domain;
@@ -440,6 +458,8 @@ async fn run(cli: Cli) -> Result<()> {
                 bail!("--io-delay-ms must be between 0 and 10000");
             }
             cfg.io_delay = Duration::from_secs_f64(io_delay_ms / 1000.0);
+            cfg.scrub_bandwidth = scrub_mbps.saturating_mul(1_000_000);
+            cfg.fill_bandwidth = fill_mbps.saturating_mul(1_000_000);
             let h = blizzard_tractserver::start(env, cfg).await?;
             println!("tractserver {} listening on {}", h.id, h.addr);
             tokio::select! {

@@ -39,6 +39,8 @@ pub struct ClusterConfig {
     pub io_bandwidth: u64,
     /// Per tractserver, bytes per second copied while re-replicating.
     pub fill_bandwidth: u64,
+    /// Per tractserver, bytes per second the scrubber checks (0: off).
+    pub scrub_bandwidth: u64,
 }
 
 impl ClusterConfig {
@@ -57,6 +59,7 @@ impl ClusterConfig {
             io_arms: 0,
             io_bandwidth: 0,
             fill_bandwidth: 0,
+            scrub_bandwidth: 0,
         }
     }
 }
@@ -145,6 +148,7 @@ impl Cluster {
         t.io_arms = self.cfg.io_arms;
         t.io_bandwidth = self.cfg.io_bandwidth;
         t.fill_bandwidth = self.cfg.fill_bandwidth;
+        t.scrub_bandwidth = self.cfg.scrub_bandwidth;
         let h = ts::start(self.env.clone(), t)
             .await
             .map_err(|error| ClusterError::TractServer { index: i, error })?;

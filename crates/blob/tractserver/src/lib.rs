@@ -8,11 +8,13 @@
 //! Modules, bottom up: `layout` (the disk format), `commit` (group commit),
 //! `store` (tracts in slots, recovery), `service` (the request handlers and
 //! the TLT row checks), `fill` (copying rows this server joined to replace
-//! a dead member), `server` (start-up, heartbeats, the entry point).
+//! a dead member), `scrub` (re-reading chunks and repairing rot from other
+//! replicas), `server` (start-up, heartbeats, the entry point).
 
 pub mod commit;
 pub mod fill;
 pub mod layout;
+pub mod scrub;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -43,6 +43,8 @@ pub struct TractServerConfig {
     pub io_bandwidth: u64,
     /// Bytes per second copied when re-replicating rows (0: no limit).
     pub fill_bandwidth: u64,
+    /// Bytes per second the scrubber re-reads and checks (0: off).
+    pub scrub_bandwidth: u64,
     pub limits: ServerLimits,
     /// A bug planted on purpose (simulator and tests only).
     #[doc(hidden)]
@@ -64,6 +66,7 @@ impl TractServerConfig {
             io_arms: 0,
             io_bandwidth: 0,
             fill_bandwidth: 0,
+            scrub_bandwidth: 0,
             limits: ServerLimits::default(),
             planted_bug: crate::store::PlantedBug::None,
         }
@@ -151,6 +154,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     service.io_delay = cfg.io_delay;
     service.io_bandwidth = cfg.io_bandwidth;
     service.fill_bandwidth = cfg.fill_bandwidth;
+    service.scrub_bandwidth = cfg.scrub_bandwidth;
     service.io_disk = std::sync::Mutex::new(InjectedDisk {
         arms_free_at: vec![None; cfg.io_arms as usize],
         pipe_free_at: None,
@@ -171,7 +175,8 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     let tasks = vec![
         tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
         tokio::spawn(heartbeat_loop(env, service.clone(), cfg, addr.clone(), rx.clone())),
-        tokio::spawn(service.clone().fill_loop(rx)),
+        tokio::spawn(service.clone().fill_loop(rx.clone())),
+        tokio::spawn(service.clone().scrub_loop(rx)),
     ];
     Ok(TractServerHandle { id: me, addr, service, shutdown, tasks })
 }

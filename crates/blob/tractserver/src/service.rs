@@ -148,6 +148,9 @@ pub struct TractService {
     /// Bytes per second this server copies when filling rows (0: no
     /// limit): keeps recovery from starving client I/O.
     pub fill_bandwidth: u64,
+    /// Bytes per second the scrubber re-reads (0: no scrubbing).
+    pub scrub_bandwidth: u64,
+    pub scrub: crate::scrub::ScrubStats,
     /// Random, new at every start: a client holding cached (unsynced)
     /// writes learns from a changed boot id that they may be gone.
     pub boot: u64,
@@ -215,6 +218,8 @@ impl TractService {
             lease_until: Mutex::new(None),
             fills: crate::fill::Fills::default(),
             fill_bandwidth: 0,
+            scrub_bandwidth: 0,
+            scrub: Default::default(),
         }
     }
 
@@ -471,6 +476,20 @@ impl TractService {
                         ErrorReply::new(ErrorCode::NoSuchBlob, format!("blob {blob} does not exist"))
                     })
                 });
+                // "No such blob" frees tracts (the scrubber's orphans): never
+                // say it of a blob whose metadata tract is here but unreadable.
+                let r = match r {
+                    Err(e)
+                        if e.code == ErrorCode::NoSuchBlob
+                            && self.store.incarnation_of(blob, TractNo::META).await.is_some() =>
+                    {
+                        Err(ErrorReply::new(
+                            ErrorCode::Corrupt,
+                            format!("blob {blob}'s metadata tract is unreadable here"),
+                        ))
+                    }
+                    r => r,
+                };
                 (r, Bytes::new())
             }
             Request::CreateBlob { blob, row_version, incarnation, replication } => (
@@ -723,6 +742,24 @@ impl TractService {
         new.or(cur)
             .map(Reply::Blob)
             .ok_or_else(|| ErrorReply::new(ErrorCode::Internal, "metadata change with no before or after"))
+    }
+
+    /// The metadata server's current TLT.
+    pub(crate) async fn fetch_tlt(&self) -> Result<blizzard_core::tlt::Tlt, RpcError> {
+        let conn = self.conn(&self.meta_addr.clone()).await?;
+        let (reply, _) = conn
+            .call_timeout(&self.env, self.request_timeout, &Request::GetTlt { have_version: 0 }, Bytes::new())
+            .await?;
+        match reply {
+            Reply::Tlt(Some(t)) if t.validate().is_ok() => Ok(t),
+            _ => Err(RpcError::ConnectionLost(format!("{}: no valid TLT", self.meta_addr))),
+        }
+    }
+
+    /// Calls a server by address (for the scrubber's metadata questions).
+    pub(crate) async fn call_addr(&self, addr: &str, req: &Request) -> Result<Reply, RpcError> {
+        let c = self.conn(addr).await?;
+        c.call_timeout(&self.env, self.request_timeout, req, Bytes::new()).await.map(|(r, _)| r)
     }
 
     async fn peer_addr(&self, id: TsId, refresh: bool) -> Result<String, RpcError> {

@@ -84,6 +84,8 @@ pub struct StoreStats {
     pub bytes_written: AtomicU64,
     pub bytes_read: AtomicU64,
     pub corrupt_reads: AtomicU64,
+    /// Damaged chunks rewritten from another replica by the scrubber.
+    pub repaired_chunks: AtomicU64,
 }
 
 struct SlotState {
@@ -733,6 +735,57 @@ impl Store {
             })
             .collect();
         Ok((data, crcs))
+    }
+
+    /// Rewrites chunk `chunk` of a tract whose stored bytes fail their CRC
+    /// (bit rot) with `data` from another replica. Only bytes this chunk's
+    /// entry expects are accepted: a replica holding other contents (a
+    /// write that reached it and not yet this server) must not replace
+    /// ours, and a chunk rewritten since it was found damaged is left
+    /// alone. Returns whether the chunk was repaired; durable on return.
+    pub async fn repair_chunk(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        chunk: u32,
+        data: Bytes,
+    ) -> Result<bool, StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        if data.len() != CHUNK_SIZE as usize || chunk >= self.layout.chunks_per_tract() {
+            return Ok(false);
+        }
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(false) };
+        let Some(cell) = self.slots.get(slot as usize) else { return Ok(false) };
+        // The write lock: no client write to this tract runs meanwhile.
+        let g = cell.write().await;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+        {
+            return Ok(false);
+        }
+        let gen = g.entry.generation;
+        let Some(e) = g.chunks.get(chunk as usize).copied().filter(|e| e.generation == gen && gen != 0)
+        else {
+            return Ok(false);
+        };
+        let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
+        let now = self.disk.read_at(at, CHUNK_SIZE as usize).await?;
+        if e.accepts(crc32c(&now)) || !e.accepts(crc32c(&data)) {
+            return Ok(false);
+        }
+        {
+            let _slot = self.writers.acquire().await;
+            self.disk.write_at(vec![(at, data)]).await?;
+        }
+        drop(g);
+        self.commit.sync().await.map_err(|_| StoreError::Failed)?;
+        self.stats.repaired_chunks.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// Unmaps `[offset, offset + len)` of a tract: whole chunks are marked

@@ -1,0 +1,228 @@
+//! The scrubber (FDS §3.2's "disks fail silently too"): re-reads every
+//! written chunk this server holds at a configured byte rate, checks it
+//! against its CRC, and rewrites a damaged chunk with the same bytes from
+//! another replica of its row.
+//!
+//! Client reads never return damaged bytes anyway (the store checks each
+//! chunk's CRC and the client reads another replica), so what the
+//! scrubber protects is redundancy: without it, rot accumulates unseen
+//! until the last good copy goes too.
+//!
+//! It also reclaims orphans (FDS §2.3): tracts of blobs that no longer
+//! exist (a delete that did not reach this replica, or an older
+//! incarnation of a blob id), asked of the blob's metadata primary; and
+//! tracts of rows this server no longer holds (a server declared dead that
+//! came back keeps what it had). A tract is freed only after two passes in
+//! a row found it orphaned the same way, never on an unclear answer. Rows
+//! leave a live server's assignment only when it was declared dead, and it
+//! gets that assignment only from a table already served, so a row it
+//! lost is not coming back with these tracts expected in it.
+//!
+//! A repair is safe against concurrent writes because `Store::repair_chunk`
+//! takes the tract's slot lock and installs only bytes whose CRC the
+//! chunk's entry expects: a replica that already holds a newer write (not
+//! yet here) is not used, and a chunk rewritten since the damage was found
+//! is left alone.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use blizzard_core::limits::CHUNK_SIZE;
+use blizzard_core::tlt::locator;
+use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+use blizzard_proto::{Reply, Request, RowTract};
+use blizzard_rpc::Shutdown;
+
+use crate::service::TractService;
+use crate::store::StoreError;
+
+/// Bytes read per scrub step: small enough to pace smoothly.
+const STEP: u32 = 256 << 10;
+
+/// What the scrubber has done since this server started.
+#[derive(Default, Debug)]
+pub struct ScrubStats {
+    pub bytes: AtomicU64,
+    /// Full passes over every tract.
+    pub passes: AtomicU64,
+    pub damaged: AtomicU64,
+    pub repaired: AtomicU64,
+    /// Damaged chunks no replica could supply yet (retried next pass).
+    pub unrepaired: AtomicU64,
+    /// Tracts freed because their blob (at that incarnation) is gone.
+    pub orphans_freed: AtomicU64,
+    /// Tracts found orphaned on the last pass: freed if found so again.
+    suspects: std::sync::Mutex<std::collections::HashMap<(BlobId, TractNo), Incarnation>>,
+}
+
+impl TractService {
+    /// Scrubs forever at `scrub_bandwidth` bytes per second (0: off).
+    pub async fn scrub_loop(self: Arc<Self>, mut shutdown: Shutdown) {
+        if self.scrub_bandwidth == 0 {
+            return;
+        }
+        loop {
+            // The table for this pass, to find each blob's metadata primary.
+            let tlt = self.fetch_tlt().await.ok();
+            let mut suspects = std::collections::HashMap::new();
+            for (blob, tract) in self.store.tracts() {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.wait() => return,
+                    _ = self.scrub_tract(blob, tract, tlt.as_ref(), &mut suspects) => {}
+                }
+            }
+            *self.scrub.suspects.lock().unwrap_or_else(|p| p.into_inner()) = suspects;
+            self.scrub.passes.fetch_add(1, Ordering::Relaxed);
+            // An empty disk must not spin.
+            tokio::select! {
+                biased;
+                _ = shutdown.wait() => return,
+                _ = self.env.sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    async fn scrub_tract(
+        &self,
+        blob: BlobId,
+        tract: TractNo,
+        tlt: Option<&blizzard_core::tlt::Tlt>,
+        suspects: &mut std::collections::HashMap<(BlobId, TractNo), Incarnation>,
+    ) {
+        // A tract still being copied here is not ours to judge yet.
+        if self.copy_pending(blob, tract).is_some() {
+            return;
+        }
+        let Some(inc) = self.store.incarnation_of(blob, tract).await else { return };
+        let rows = self.row_index();
+        let len = rows.assignment.tlt_len as usize;
+        let not_mine = len > 0 && {
+            let row = locator(blob, tract, len) as u32;
+            !rows.assignment.rows.iter().any(|r| r.row == row)
+        };
+        if let Some(tlt) = tlt {
+            if not_mine || self.blob_exists(tlt, blob, inc).await == Some(false) {
+                let before = self
+                    .scrub
+                    .suspects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&(blob, tract))
+                    .copied();
+                if before == Some(inc) {
+                    if let Ok(true) = self.store.delete(blob, inc, tract).await {
+                        if tract.is_meta() {
+                            self.forget_meta(blob);
+                        }
+                        self.scrub.orphans_freed.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(%blob, %tract, not_mine, "freed a tract of a blob that no longer exists or of a row this server left");
+                    }
+                } else {
+                    suspects.insert((blob, tract), inc);
+                }
+                return;
+            }
+        }
+        let bitmap = self.store.mapped(blob, inc, tract).await;
+        let chunks = bitmap.len() as u32 * 8;
+        let mut c = 0;
+        while c < chunks {
+            if bitmap[(c / 8) as usize] & (1 << (c % 8)) == 0 {
+                c += 1;
+                continue;
+            }
+            let len = STEP.min((chunks - c) * CHUNK_SIZE).min(self.store.tract_size() - c * CHUNK_SIZE);
+            match self.store.read(blob, inc, tract, c * CHUNK_SIZE, len).await {
+                Ok(_) => c += len / CHUNK_SIZE,
+                Err(StoreError::Corrupt { chunk, .. }) => {
+                    self.scrub.damaged.fetch_add(1, Ordering::Relaxed);
+                    if self.repair(blob, inc, tract, chunk).await {
+                        self.scrub.repaired.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        self.scrub.unrepaired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Past the damaged chunk either way: a repair is re-read
+                    // on the next pass, a failure retried then.
+                    c = chunk + 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%blob, %tract, error = %e, "scrubber cannot read a tract; skipping it this pass");
+                    return;
+                }
+            }
+            self.scrub.bytes.fetch_add(len as u64, Ordering::Relaxed);
+            self.env.sleep(Duration::from_secs_f64(len as f64 / self.scrub_bandwidth as f64)).await;
+        }
+    }
+
+    /// Whether `blob` exists at incarnation `inc`, asked of its metadata
+    /// row's primary; `None` when the answer is unclear (unreachable, a
+    /// stale table, the primary still copying).
+    async fn blob_exists(
+        &self,
+        tlt: &blizzard_core::tlt::Tlt,
+        blob: BlobId,
+        inc: Incarnation,
+    ) -> Option<bool> {
+        let row = &tlt.rows[tlt.locate(blob, TractNo::META)];
+        let primary = tlt.members.get(*row.members.first()? as usize)?;
+        match self.call_addr(&primary.addr, &Request::GetBlob { blob, row_version: row.version }).await {
+            Ok(Reply::Blob(m)) => Some(m.incarnation == inc),
+            Err(e) if e.remote().is_some_and(|r| r.code == blizzard_proto::ErrorCode::NoSuchBlob) => {
+                Some(false)
+            }
+            _ => None,
+        }
+    }
+
+    /// Fetches the tract from the row's other members, in column order (a
+    /// lower column holds a superset), and installs the damaged chunk from
+    /// the first that has the bytes this server's entry expects.
+    async fn repair(&self, blob: BlobId, inc: Incarnation, tract: TractNo, chunk: u32) -> bool {
+        let me = self.store.disk_id();
+        let rows = self.row_index();
+        let len = rows.assignment.tlt_len as usize;
+        if len == 0 {
+            return false;
+        }
+        let row = locator(blob, tract, len) as u32;
+        let Some(r) = rows.assignment.rows.iter().find(|r| r.row == row) else { return false };
+        let peers: Vec<TsId> =
+            r.members.iter().copied().filter(|m| *m != me && !r.filling.contains(m)).collect();
+        let req = Request::CopyTract { row, row_version: r.version, tract: RowTract { blob, tract } };
+        for peer in peers {
+            let Ok((Reply::TractCopy { incarnation, bitmap, .. }, data)) =
+                self.call_peer_data(peer, &req).await
+            else {
+                continue;
+            };
+            if incarnation != inc
+                || bitmap.get((chunk / 8) as usize).is_none_or(|b| b & (1 << (chunk % 8)) == 0)
+            {
+                continue;
+            }
+            // The chunk's place among the present chunks sent.
+            let before: u32 =
+                (0..chunk).filter(|i| bitmap[(*i / 8) as usize] & (1 << (i % 8)) != 0).count() as u32;
+            let (s, e) = ((before * CHUNK_SIZE) as usize, ((before + 1) * CHUNK_SIZE) as usize);
+            if e > data.len() {
+                continue;
+            }
+            match self.store.repair_chunk(blob, inc, tract, chunk, data.slice(s..e)).await {
+                Ok(true) => {
+                    tracing::warn!(%blob, %tract, chunk, from = %peer, "repaired a damaged chunk from another replica");
+                    return true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(%blob, %tract, chunk, error = %e, "cannot rewrite a damaged chunk");
+                    return false;
+                }
+            }
+        }
+        tracing::error!(%blob, %tract, chunk, "damaged chunk: no replica had its bytes; retrying next pass");
+        false
+    }
+}
