@@ -126,6 +126,9 @@ enum Cmd {
         /// and give its TLT rows to live ones.
         #[arg(long, default_value_t = 5000)]
         dead_after_ms: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics.
+        #[arg(long)]
+        metrics: Option<String>,
     },
     /// Run a tractserver on one disk (a block device or a file).
     Tractserver {
@@ -154,6 +157,9 @@ enum Cmd {
         /// rows of a dead tractserver (0: as fast as it can).
         #[arg(long, default_value_t = 0)]
         fill_mbps: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics.
+        #[arg(long)]
+        metrics: Option<String>,
     },
     /// Show the cluster: members, failure domains, TLT, disk usage.
     Status {
@@ -424,6 +430,7 @@ async fn run(cli: Cli) -> Result<()> {
             weighted,
             heartbeat_ms,
             dead_after_ms,
+            metrics,
         } => {
             let mut cfg = MetaConfig::new(listen);
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
@@ -433,6 +440,7 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.weighted = weighted;
             cfg.heartbeat_interval = Duration::from_millis(heartbeat_ms);
             cfg.dead_after = Duration::from_millis(dead_after_ms);
+            cfg.metrics_listen = metrics;
             cfg.rebuild_grace = cfg.heartbeat_interval * 20;
             let h = blizzard_metaserver::server::start(env, cfg).await?;
             tokio::select! {
@@ -449,6 +457,7 @@ async fn run(cli: Cli) -> Result<()> {
             io_delay_ms,
             scrub_mbps,
             fill_mbps,
+            metrics,
         } => {
             let mut cfg = TractServerConfig::new(disk, listen, meta);
             cfg.advertise = advertise;
@@ -460,6 +469,7 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.io_delay = Duration::from_secs_f64(io_delay_ms / 1000.0);
             cfg.scrub_bandwidth = scrub_mbps.saturating_mul(1_000_000);
             cfg.fill_bandwidth = fill_mbps.saturating_mul(1_000_000);
+            cfg.metrics_listen = metrics;
             let h = blizzard_tractserver::start(env, cfg).await?;
             println!("tractserver {} listening on {}", h.id, h.addr);
             tokio::select! {

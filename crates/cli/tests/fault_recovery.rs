@@ -134,6 +134,8 @@ impl Drop for Proc {
 struct Procs {
     meta: Proc,
     ts: Vec<Proc>,
+    /// The metadata server's metrics endpoint.
+    metrics: String,
 }
 
 impl Procs {
@@ -172,7 +174,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn meta_args(meta_addr: &str) -> Vec<String> {
+/// The metadata server's arguments; `metrics` is its metrics endpoint,
+/// kept across its restart.
+fn meta_args(meta_addr: &str, metrics: &str) -> Vec<String> {
     [
         "meta",
         "--listen",
@@ -187,6 +191,8 @@ fn meta_args(meta_addr: &str) -> Vec<String> {
         &HEARTBEAT_MS.to_string(),
         "--dead-after-ms",
         &DEAD_AFTER_MS.to_string(),
+        "--metrics",
+        metrics,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -195,8 +201,9 @@ fn meta_args(meta_addr: &str) -> Vec<String> {
 
 fn start_cluster(dir: &Path) -> Procs {
     let meta_addr = format!("127.0.0.1:{}", free_port());
-    let meta = Proc::spawn("meta", &meta_args(&meta_addr), dir.join("meta.log"), meta_addr.clone());
-    let mut procs = Procs { meta, ts: Vec::new() };
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let meta = Proc::spawn("meta", &meta_args(&meta_addr, &metrics), dir.join("meta.log"), meta_addr.clone());
+    let mut procs = Procs { meta, ts: Vec::new(), metrics };
     for i in 0..TRACTSERVERS {
         let disk = dir.join(format!("ts{i}.disk")).display().to_string();
         let args: Vec<String> = [
@@ -685,7 +692,7 @@ async fn cluster_recovers_from_tractserver_kills_under_load() {
     procs.meta.kill();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let addr = procs.meta.addr.clone();
-    procs.meta = Proc::spawn("meta", &meta_args(&addr), dir.path().join("meta-2.log"), addr);
+    procs.meta = Proc::spawn("meta", &meta_args(&addr, &procs.metrics), dir.path().join("meta-2.log"), addr);
     finish_step(&client, &mut procs, &shared, step, since, ops_before).await;
 
     // e. One more tractserver, under the rebuilt metadata server (which
@@ -705,4 +712,32 @@ async fn cluster_recovers_from_tractserver_kills_under_load() {
     assert!(failures.is_empty(), "the load failed:\n{}", failures.join("\n"));
     let (w, r) = shared.ops();
     println!("done: {w} writes and {r} reads verified in all");
+
+    // The operator's view agrees: the metadata server's metrics show the
+    // cluster whole again, with the server killed in step e dead.
+    let text = http_get(&procs.metrics, "/metrics").await;
+    for want in [
+        "blizzard_rows_filling 0\n",
+        "blizzard_rows_degraded 0\n",
+        "blizzard_tractservers{state=\"dead\"} 1\n",
+    ] {
+        assert!(text.contains(want), "metrics lack {want:?}:\n{text}");
+    }
+    let copied = text
+        .lines()
+        .find_map(|l| l.strip_prefix("blizzard_recovery_bytes_total "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(copied > 0.0, "no recovery bytes in the metrics:\n{text}");
+}
+
+/// A plain HTTP/1.1 GET, the body returned.
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
 }

@@ -67,6 +67,8 @@ pub struct MetaConfig {
     /// reported assignments before rebuilding without them.
     pub rebuild_grace: Duration,
     pub request_timeout: Duration,
+    /// Where to serve Prometheus metrics over HTTP (`GET /metrics`), if anywhere.
+    pub metrics_listen: Option<String>,
 }
 
 impl MetaConfig {
@@ -83,6 +85,7 @@ impl MetaConfig {
             recovery: true,
             rebuild_grace: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
+            metrics_listen: None,
         }
     }
 }
@@ -897,6 +900,47 @@ impl MetaServer {
         }
     }
 
+    /// The cluster's state as Prometheus metrics.
+    pub fn metrics_text(&self) -> String {
+        let s = self.status();
+        let count = |f: &dyn Fn(&MemberStatus) -> bool| s.members.iter().filter(|m| f(m)).count() as f64;
+        let (up, dead) = (count(&|m| m.alive), count(&|m| m.dead));
+        let down = s.members.len() as f64 - up - dead;
+        let sum = |f: &dyn Fn(&FillProgress) -> u64| s.members.iter().map(|m| f(&m.fill) as f64).sum::<f64>();
+        blizzard_metrics::Text::new()
+            .gauges(
+                "blizzard_tractservers",
+                "Tractservers known to the metadata server, by state.",
+                &[(&[("state", "up")], up), (&[("state", "down")], down), (&[("state", "dead")], dead)],
+            )
+            .gauge("blizzard_tlt_version", "Version of the TLT being served.", s.tlt_version as f64)
+            .gauge("blizzard_tlt_rows", "Rows in the TLT.", s.tlt_rows as f64)
+            .gauge("blizzard_replication", "Members per TLT row.", s.replication as f64)
+            .gauge("blizzard_ready", "1 once a TLT is served.", if s.phase == "ready" { 1.0 } else { 0.0 })
+            .gauge("blizzard_rows_filling", "Rows with a member still copying them.", s.rows_filling as f64)
+            .gauge(
+                "blizzard_rows_degraded",
+                "Rows naming a dead tractserver not replaced yet.",
+                s.rows_degraded as f64,
+            )
+            .gauge(
+                "blizzard_recovery_tracts_total",
+                "Tracts the copying members have found to copy.",
+                sum(&|f| f.tracts_total),
+            )
+            .gauge(
+                "blizzard_recovery_tracts_done",
+                "Tracts copied so far by copying members.",
+                sum(&|f| f.tracts_done),
+            )
+            .counter(
+                "blizzard_recovery_bytes_total",
+                "Bytes copied for re-replication, as reported by live tractservers since they started.",
+                sum(&|f| f.bytes_done),
+            )
+            .finish()
+    }
+
     fn handle(&self, req: Request) -> Result<Reply, ErrorReply> {
         match req {
             Request::Ping => Ok(Reply::Done),
@@ -964,10 +1008,22 @@ pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
     let addr = listener.local_addr();
     tracing::info!(%addr, "metadata server listening");
     let (shutdown, rx) = ShutdownHandle::new();
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(serve(env.clone(), listener, server.clone(), ServerLimits::default(), rx.clone())),
-        tokio::spawn(ticker(env, server.clone(), cfg.heartbeat_interval, rx)),
+        tokio::spawn(ticker(env.clone(), server.clone(), cfg.heartbeat_interval, rx.clone())),
     ];
+    if let Some(m) = &cfg.metrics_listen {
+        let l = env.bind(m).await.map_err(|error| MetaError::Bind { addr: m.clone(), error })?;
+        tracing::info!(addr = %l.local_addr(), "metrics at /metrics");
+        let s = server.clone();
+        let mut rx = rx;
+        tasks.push(tokio::spawn(blizzard_metrics::serve(
+            env,
+            l,
+            Arc::new(move || s.metrics_text()),
+            async move { rx.wait().await },
+        )));
+    }
     Ok(MetaHandle { addr, server, shutdown, tasks })
 }
 

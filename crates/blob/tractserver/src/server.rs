@@ -45,6 +45,8 @@ pub struct TractServerConfig {
     pub fill_bandwidth: u64,
     /// Bytes per second the scrubber re-reads and checks (0: off).
     pub scrub_bandwidth: u64,
+    /// Where to serve Prometheus metrics over HTTP (`GET /metrics`), if anywhere.
+    pub metrics_listen: Option<String>,
     pub limits: ServerLimits,
     /// A bug planted on purpose (simulator and tests only).
     #[doc(hidden)]
@@ -67,6 +69,7 @@ impl TractServerConfig {
             io_bandwidth: 0,
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
+            metrics_listen: None,
             limits: ServerLimits::default(),
             planted_bug: crate::store::PlantedBug::None,
         }
@@ -172,12 +175,29 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     tracing::info!(id = %me, %addr, slots, used, blobs = metas, "tractserver serving");
 
     let (shutdown, rx) = ShutdownHandle::new();
-    let tasks = vec![
+    let metrics = match &cfg.metrics_listen {
+        Some(m) => {
+            Some(env.bind(m).await.map_err(|error| TractServerError::Bind { addr: m.clone(), error })?)
+        }
+        None => None,
+    };
+    let mut tasks = vec![
         tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
-        tokio::spawn(heartbeat_loop(env, service.clone(), cfg, addr.clone(), rx.clone())),
+        tokio::spawn(heartbeat_loop(env.clone(), service.clone(), cfg, addr.clone(), rx.clone())),
         tokio::spawn(service.clone().fill_loop(rx.clone())),
-        tokio::spawn(service.clone().scrub_loop(rx)),
+        tokio::spawn(service.clone().scrub_loop(rx.clone())),
     ];
+    if let Some(l) = metrics {
+        tracing::info!(addr = %l.local_addr(), "metrics at /metrics");
+        let s = service.clone();
+        let mut rx = rx;
+        tasks.push(tokio::spawn(blizzard_metrics::serve(
+            env.clone(),
+            l,
+            Arc::new(move || s.metrics_text()),
+            async move { rx.wait().await },
+        )));
+    }
     Ok(TractServerHandle { id: me, addr, service, shutdown, tasks })
 }
 

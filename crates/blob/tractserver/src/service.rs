@@ -255,6 +255,11 @@ impl TractService {
         Ok(())
     }
 
+    /// Whether requests are served right now (lease held, not fenced).
+    pub fn check_serving_now(&self) -> bool {
+        self.check_serving().is_ok()
+    }
+
     /// Checks that this server may be copied from for `row`: it holds the
     /// row at `version` and is a complete member of it.
     pub(crate) fn check_source(&self, row: u32, version: u64) -> Result<(), ErrorReply> {
