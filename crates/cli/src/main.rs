@@ -165,6 +165,12 @@ enum Cmd {
     Status {
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
+        /// Follow the cluster until it is settled (every silent tractserver
+        /// back or declared dead, every row whole again), with a progress
+        /// bar over re-replication (tracts copied, rate, ETA); then show
+        /// the status.
+        #[arg(long)]
+        watch: bool,
     },
     /// Manage volumes: virtual disks, each one blob.
     Volume {
@@ -538,13 +544,19 @@ async fn run(cli: Cli) -> Result<()> {
                 bail!("volume {volume} is not in a state its mode allows: {v}");
             }
         }
-        Cmd::Status { meta } => {
+        Cmd::Status { meta, watch } => {
             let mut cfg = ClientConfig::new(meta.clone());
             cfg.connect_timeout = Duration::from_secs(5);
-            let pool_client = Client::connect(env, cfg)
+            let pool_client = Client::connect(env.clone(), cfg)
                 .await
                 .with_context(|| format!("cannot reach the metadata server at {meta}; is it running?"))?;
-            print_status(&pool_client.cluster_status().await?);
+            let s = pool_client.cluster_status().await?;
+            if watch && !settled(&s) {
+                watch_recovery(&env, &pool_client).await?;
+                print_status(&pool_client.cluster_status().await?);
+            } else {
+                print_status(&s);
+            }
         }
     }
     Ok(())
@@ -701,6 +713,61 @@ async fn self_check(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// Nothing left to happen by itself: every row whole, and no member silent
+/// but not yet declared dead (it will come back or be replaced).
+fn settled(s: &ClusterStatus) -> bool {
+    s.fully_replicated() && s.members.iter().all(|m| m.alive || m.dead || m.rows == 0)
+}
+
+/// A progress bar over the tracts the copying members have to copy, with
+/// the copy rate in bytes; returns once the cluster is settled.
+async fn watch_recovery(env: &Env, client: &Client) -> Result<()> {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg}\n[{elapsed_precise}] [{wide_bar}] {pos}/{len} tracts, ETA {eta}",
+        )
+        .context("progress bar template")?
+        .progress_chars("=> "),
+    );
+    let mut last: Option<(blizzard_env::Instant, u64)> = None;
+    let mut rate = 0.0;
+    loop {
+        let s = client.cluster_status().await?;
+        if settled(&s) {
+            bar.finish_and_clear();
+            return Ok(());
+        }
+        let live = s.members.iter().filter(|m| m.alive);
+        let (done, total, bytes) = live.fold((0, 0, 0), |(d, t, b), m| {
+            (d + m.fill.tracts_done, t + m.fill.tracts_total, b + m.fill.bytes_done)
+        });
+        let now = env.now();
+        if let Some((t, b)) = last {
+            let secs = now.duration_since(t).as_secs_f64();
+            if secs > 0.0 && bytes >= b {
+                // Smoothed: one slow poll should not swing the figure.
+                rate = 0.7 * rate + 0.3 * (bytes - b) as f64 / secs;
+            }
+        }
+        last = Some((now, bytes));
+        bar.set_length(total.max(done));
+        bar.set_position(done);
+        let silent = s.members.iter().filter(|m| !m.alive && !m.dead && m.rows > 0).count();
+        bar.set_message(if s.fully_replicated() {
+            format!("{silent} tractservers silent; waiting for them to return or be declared dead")
+        } else {
+            format!(
+                "re-replicating {} rows ({} waiting for a replacement) at {}/s",
+                s.rows_filling,
+                s.rows_degraded,
+                format_size(rate as u64)
+            )
+        });
+        env.sleep(Duration::from_millis(500)).await;
+    }
+}
+
 fn print_status(s: &ClusterStatus) {
     println!(
         "cluster {:032x}  phase {}  tract size {}  replication {}  TLT v{} ({} rows)",
@@ -723,8 +790,8 @@ fn print_status(s: &ClusterStatus) {
         );
     }
     println!(
-        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}  COPYING",
-        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "USED", "CAPACITY"
+        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  COPYING",
+        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "TRACTS", "USED", "CAPACITY"
     );
     for m in &s.members {
         let used = m.slots_used * s.tract_size as u64;
@@ -748,13 +815,15 @@ fn print_status(s: &ClusterStatus) {
             String::new()
         };
         println!(
-            "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>12} {:>12}  {}",
+            "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  {}",
             m.id.to_string(),
             m.addr,
-            m.domain,
+            // A server without a failure domain of its own is its own one.
+            if m.domain == m.id.to_string() { "(own)" } else { m.domain.as_str() },
             state,
             m.rows,
             m.primaries,
+            m.slots_used,
             format_size(used),
             format_size(cap),
             copying

@@ -702,7 +702,32 @@ async fn cluster_recovers_from_tractserver_kills_under_load() {
     let since = Instant::now();
     let victim = random_live(&procs, &mut rng);
     kill(&mut procs, &victim, step);
+    // An operator following it: once the status shows the server down,
+    // `blizzard status --watch` returns when the rows are whole again and
+    // shows the dead server.
+    loop {
+        if let Ok(s) = client.cluster_status().await {
+            if s.members.iter().any(|m| m.addr == victim && !m.alive) {
+                break;
+            }
+        }
+        assert!(since.elapsed() < RECOVERY_TIMEOUT, "{step}: the killed server never showed as down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let watch = Command::new(env!("CARGO_BIN_EXE_blizzard"))
+        .args(["status", "--watch", "--meta", &procs.meta.addr])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     finish_step(&client, &mut procs, &shared, step, since, ops_before).await;
+    let out = tokio::task::spawn_blocking(move || watch.wait_with_output()).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "blizzard status --watch failed:\n{text}");
+    assert!(text.contains("every row has all 3 members alive and complete"), "{text}");
+    assert!(text.lines().any(|l| l.contains(&victim) && l.contains(" dead ")), "{text}");
+    println!("{step}: blizzard status --watch ended with:\n{text}");
 
     shared.stop.store(true, Ordering::SeqCst);
     for t in load {

@@ -849,7 +849,9 @@ impl MetaServer {
                             id,
                             addr: m.addr.clone(),
                             domain: m.domain.clone(),
-                            alive: age < self.cfg.dead_after && !st.dead.contains(&id),
+                            // Three missed heartbeats show as down (silent, not
+                            // yet dead); `dead_after` declares it dead.
+                            alive: age < self.cfg.heartbeat_interval * 3 && !st.dead.contains(&id),
                             last_heartbeat_ms: age.as_millis() as u64,
                             slots_total: m.slots_total,
                             slots_used: m.slots_used,
