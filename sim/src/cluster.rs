@@ -14,13 +14,18 @@
 //! reports every row fully replicated (dead tractservers' rows copied to
 //! others, FDS §3.2), then checks every replica of every tract it wrote.
 //!
-//! Fault model exercised here (network faults beyond crashes — partitions,
-//! loss, delay, duplication — are still to come, issue 3):
+//! Fault model exercised here (message duplication is not: turmoil's TCP
+//! delivers a stream's bytes once and in order, as TCP does):
 //! - tractserver crash: the host's software stops at once, open
 //!   connections break, and its disk crashes (`SimDisk::crash`); after a
 //!   pause the host restarts on the same disk;
 //! - metadata server crash and restart: all its state is gone; it rebuilds
-//!   the TLT from the tractservers' heartbeats.
+//!   the TLT from the tractservers' heartbeats;
+//! - partitions: a link cut both ways or one way (messages dropped), or a
+//!   tractserver cut off from every other host link by link, its links
+//!   restored one by one in random order; 0.2–3 s each;
+//! - held links: messages between two hosts held back, then delivered at
+//!   once (delay and reordering against other links).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -50,6 +55,8 @@ pub struct BlobSimConfig {
     pub crash_tractservers: bool,
     /// Crash and restart the metadata server during the run.
     pub restart_meta: bool,
+    /// Cut, cut one way and hold network links during the run.
+    pub partitions: bool,
     /// A bug planted in every tractserver, to show the oracle catches it.
     pub planted_bug: blizzard_tractserver::PlantedBug,
 }
@@ -65,6 +72,7 @@ impl Default for BlobSimConfig {
             tract_size: 16 << 10,
             crash_tractservers: true,
             restart_meta: true,
+            partitions: true,
             planted_bug: blizzard_tractserver::PlantedBug::None,
         }
     }
@@ -79,6 +87,7 @@ pub struct BlobSimReport {
     pub verified_reads: u64,
     pub tractserver_crashes: u32,
     pub meta_restarts: u32,
+    pub link_faults: u32,
     /// Most rows seen being re-replicated at once (0: no recovery ran).
     pub rows_refilled: u64,
     pub simulated: Duration,
@@ -174,7 +183,11 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let mut chaos = SmallRng::seed_from_u64(derive_seed(seed, "chaos"));
     let mut ts_down: Option<(usize, u64)> = None;
     let mut meta_down: Option<u64> = None;
-    let (mut ts_crashes, mut meta_restarts) = (0u32, 0u32);
+    let (mut ts_crashes, mut meta_restarts, mut link_faults) = (0u32, 0u32, 0u32);
+    let hosts: Vec<String> =
+        std::iter::once("meta".to_string()).chain((0..cfg.tractservers).map(ts_host)).collect();
+    let clients: Vec<String> = (0..cfg.clients).map(|c| format!("client{c}")).collect();
+    let mut cuts: Vec<Cut> = Vec::new();
     let mut step: u64 = 0;
     loop {
         match sim.step() {
@@ -187,6 +200,14 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         // Let the cluster form before the first fault.
         if now < Duration::from_secs(2) {
             continue;
+        }
+        // Links whose time is up come back, each on its own schedule.
+        let (due, rest): (Vec<Cut>, Vec<Cut>) =
+            cuts.drain(..).partition(|c| step >= c.until || probe.faults_over.load(Ordering::Relaxed));
+        cuts = rest;
+        for c in due {
+            c.undo(&sim);
+            trace.event_at(now, "chaos", format!("restore {c:?}"));
         }
         // Liveness phase: no new faults; whatever is down comes back now.
         if probe.faults_over.load(Ordering::Relaxed) {
@@ -218,6 +239,43 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 _ => {}
             }
         }
+        if cfg.partitions && cuts.len() < 4 && chaos.random_ratio(1, 1200) {
+            let pick = |r: &mut SmallRng, v: &[String]| v[r.random_range(0..v.len())].clone();
+            let a = pick(&mut chaos, &hosts);
+            let mut b = pick(&mut chaos, &hosts);
+            if chaos.random_ratio(1, 3) {
+                b = pick(&mut chaos, &clients);
+            }
+            let busy = |x: &str, y: &str| cuts.iter().any(|c| c.involves(x, y));
+            let kind = chaos.random_range(0..4);
+            let mut new = Vec::new();
+            if a != b && !busy(&a, &b) {
+                let until = step + chaos.random_range(200..3000);
+                match kind {
+                    0 => new.push(Cut { a: a.clone(), b: b.clone(), how: How::Both, until }),
+                    1 => new.push(Cut { a: a.clone(), b: b.clone(), how: How::OneWay, until }),
+                    2 => new.push(Cut {
+                        a: a.clone(),
+                        b: b.clone(),
+                        how: How::Hold,
+                        until: step + chaos.random_range(20..400),
+                    }),
+                    _ => {
+                        // Cut `a` off from every host, link by link.
+                        for other in hosts.iter().chain(&clients).filter(|h| **h != a && !busy(&a, h)) {
+                            let until = step + chaos.random_range(200..3000);
+                            new.push(Cut { a: a.clone(), b: other.clone(), how: How::Both, until });
+                        }
+                    }
+                }
+            }
+            for c in new {
+                c.apply(&sim);
+                trace.event_at(now, "chaos", format!("{c:?}"));
+                link_faults += 1;
+                cuts.push(c);
+            }
+        }
         if cfg.restart_meta {
             match meta_down {
                 None if chaos.random_ratio(1, 4000) => {
@@ -242,9 +300,51 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         verified_reads: verified.load(Ordering::Relaxed),
         tractserver_crashes: ts_crashes,
         meta_restarts,
+        link_faults,
         rows_refilled: probe.rows_refilled.load(Ordering::Relaxed),
         simulated: sim.elapsed(),
     })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum How {
+    /// Messages both ways dropped.
+    Both,
+    /// Messages from `a` to `b` dropped; `b` to `a` delivered.
+    OneWay,
+    /// Messages both ways held, then delivered together.
+    Hold,
+}
+
+/// A network fault on one link, undone at step `until`.
+#[derive(Debug)]
+struct Cut {
+    a: String,
+    b: String,
+    how: How,
+    until: u64,
+}
+
+impl Cut {
+    fn involves(&self, x: &str, y: &str) -> bool {
+        (self.a == x && self.b == y) || (self.a == y && self.b == x)
+    }
+
+    fn apply(&self, sim: &turmoil::Sim<'_>) {
+        match self.how {
+            How::Both => sim.partition(self.a.as_str(), self.b.as_str()),
+            How::OneWay => sim.partition_oneway(self.a.as_str(), self.b.as_str()),
+            How::Hold => sim.hold(self.a.as_str(), self.b.as_str()),
+        }
+    }
+
+    fn undo(&self, sim: &turmoil::Sim<'_>) {
+        match self.how {
+            How::Both => sim.repair(self.a.as_str(), self.b.as_str()),
+            How::OneWay => sim.repair_oneway(self.a.as_str(), self.b.as_str()),
+            How::Hold => sim.release(self.a.as_str(), self.b.as_str()),
+        }
+    }
 }
 
 fn tail(trace: &Trace, n: usize) -> String {
@@ -370,7 +470,7 @@ async fn client_workload(
     // Liveness: faults stop; the cluster must return to full replication
     // by itself, and then every replica must hold every acknowledged byte.
     probe.faults_over.store(true, Ordering::Relaxed);
-    let deadline = env.now() + Duration::from_secs(600);
+    let deadline = env.now() + Duration::from_secs(120);
     loop {
         match client.cluster_status().await {
             Ok(s) => {
@@ -381,7 +481,7 @@ async fn client_workload(
                 }
                 if env.now() > deadline {
                     return Err(format!(
-                        "{host}: liveness: not fully replicated 600 s after faults stopped: phase {} rows_filling {} rows_degraded {}",
+                        "{host}: liveness: not fully replicated 120 s after faults stopped: phase {} rows_filling {} rows_degraded {}",
                         s.phase, s.rows_filling, s.rows_degraded
                     )
                     .into());

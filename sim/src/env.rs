@@ -168,7 +168,12 @@ impl Trace {
 
     /// Appends one line as given.
     pub fn record(&self, line: impl Into<String>) {
-        lock(&self.0).push(line.into());
+        let line = line.into();
+        // For following a seed that never ends: `SIM_TRACE_LIVE=1`.
+        if std::env::var_os("SIM_TRACE_LIVE").is_some() {
+            eprintln!("{line}");
+        }
+        lock(&self.0).push(line);
     }
 
     /// Appends `t=<simulated time> <host> <what>`, the time read from the

@@ -21,7 +21,8 @@ fn run(args: &[&str]) -> (bool, String) {
 }
 
 /// 3-way replication over 6 tractservers in 4 failure domains: no
-/// acknowledged byte is lost or corrupted through crashes and restarts,
+/// acknowledged byte is lost or corrupted through crashes, restarts and
+/// cut, one-way and held links,
 /// tractservers down longer than `dead_after` are re-replicated, and once
 /// faults stop every row is whole again with every replica exact.
 #[test]
@@ -36,6 +37,10 @@ fn three_way_seeds_keep_every_acknowledged_write() {
         "no tractserver ever crashed: the run proves nothing\n{out}"
     );
     assert!(!out.contains("rows_refilled=0"), "no row was ever re-replicated: recovery went untested\n{out}");
+    assert!(
+        !out.contains(" link_faults=0 "),
+        "no link was ever cut or held: the network went untested\n{out}"
+    );
 }
 
 /// The liveness check is not blind: newcomers that count tracts as copied

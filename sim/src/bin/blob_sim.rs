@@ -51,6 +51,7 @@ fn parse() -> Option<Args> {
             "--no-crashes" => {
                 a.cfg.crash_tractservers = false;
                 a.cfg.restart_meta = false;
+                a.cfg.partitions = false;
             }
             _ => return None,
         }
@@ -87,12 +88,13 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} rows_refilled={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
                     r.tractserver_crashes,
                     r.meta_restarts,
+                    r.link_faults,
                     r.rows_refilled,
                     r.simulated.as_millis(),
                     r.trace.digest()
@@ -114,7 +116,7 @@ fn main() -> ExitCode {
     };
     let seeds: Vec<u64> = (a.first..a.first + a.seeds).collect();
     let mut failed = Vec::new();
-    let (mut acked, mut crashes, mut restarts, mut refilled) = (0u64, 0u64, 0u64, 0u64);
+    let (mut acked, mut crashes, mut restarts, mut refilled, mut links) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for batch in seeds.chunks(a.jobs) {
         let children: Vec<_> = batch
             .iter()
@@ -138,6 +140,7 @@ fn main() -> ExitCode {
                     crashes += field("tractserver_crashes=");
                     restarts += field("meta_restarts=");
                     refilled += field("rows_refilled=");
+                    links += field("link_faults=");
                 }
                 Ok(o) => {
                     println!("{}", String::from_utf8_lossy(&o.stdout));
@@ -152,7 +155,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} rows_refilled={refilled}",
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled}",
         seeds.len(),
         failed.len()
     );

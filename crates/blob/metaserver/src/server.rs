@@ -119,6 +119,24 @@ struct Member {
     fill: FillProgress,
 }
 
+/// Whether a member's stored assignment `a` lets it serve what the table
+/// `t` no longer gives it: a row at an older version than the table's, or
+/// a row the table no longer has it in. (A newer version is a change being
+/// pushed, not yet served: fine.)
+fn assignment_is_stale(t: &Tlt, id: TsId, a: &Assignment) -> bool {
+    if a.cluster_id != t.cluster_id {
+        return false;
+    }
+    let me = t.member_index(id);
+    a.rows.iter().any(|r| match t.rows.get(r.row as usize) {
+        Some(cur) => {
+            r.version < cur.version
+                || (r.version == cur.version && !me.is_some_and(|i| cur.members.contains(&i)))
+        }
+        None => true,
+    })
+}
+
 /// Members still copying, per row.
 type Filling = BTreeMap<usize, BTreeSet<TsId>>;
 
@@ -285,10 +303,18 @@ impl MetaServer {
             }
         }
         let ms = self.cfg.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32;
-        // A member declared dead may still hold rows at old versions that
-        // a client with an old TLT would read: it must stop serving until
-        // `tick` has given it its current assignment.
-        let action = if st.dead.contains(&hb.ts_id) {
+        // A member declared dead, or reporting rows at older versions than
+        // the table's, may serve a client holding an old TLT what newer
+        // writes have replaced: it must stop serving until `recover` has
+        // given it its current assignment.
+        let stale = st.phase == Phase::Ready
+            && st.tlt.as_ref().is_some_and(|t| {
+                st.members
+                    .get(&hb.ts_id)
+                    .and_then(|m| m.reported.as_ref())
+                    .is_some_and(|a| assignment_is_stale(t, hb.ts_id, a))
+            });
+        let action = if st.dead.contains(&hb.ts_id) || stale {
             HeartbeatAction::StopServing
         } else {
             HeartbeatAction::Continue
@@ -513,11 +539,18 @@ impl MetaServer {
                 Some(i) => tlt.members[i as usize].addr.clone(),
                 None => lock(&self.state).members.get(id).map(|m| m.addr.clone()).unwrap_or_default(),
             };
-            let req = Request::AssignRows { assignment: Self::assignment_for(tlt, filling, *id) };
+            let assignment = Self::assignment_for(tlt, filling, *id);
+            let req = Request::AssignRows { assignment: assignment.clone() };
             let res = match self.conn(&addr).await {
                 Ok(c) => c.call_timeout(&self.env, self.cfg.request_timeout, &req, Bytes::new()).await,
                 Err(e) => Err(e),
             };
+            // What it holds now, for judging whether it may serve.
+            if res.is_ok() {
+                if let Some(m) = lock(&self.state).members.get_mut(id) {
+                    m.reported = Some(assignment);
+                }
+            }
             res.map(|_| ()).map_err(|error| MetaError::AssignFailed { id: *id, error })
         });
         for r in futures::future::join_all(calls).await {
@@ -680,35 +713,26 @@ impl MetaServer {
                 }
             }
         }
-        // A live member outside every row that still reports rows of its
-        // own (it came back while this metadata server was restarting and
-        // its rows had been given away) gets its current, empty, assignment
-        // so it stops serving them.
+        // A live member reporting rows at versions older than the table's,
+        // or rows it no longer holds (it came back while this metadata
+        // server was restarting, after they were given away), is told to
+        // stop serving by its heartbeats until it has its current
+        // assignment, which it gets here.
         let stale: Vec<TsId> = {
             let st = lock(&self.state);
             members
                 .iter()
                 .filter(|(id, m)| {
                     !st.dead.contains(id)
-                        && cur
-                            .member_index(**id)
-                            .is_none_or(|i| !cur.rows.iter().any(|r| r.members.contains(&i)))
-                        && m.reported
-                            .as_ref()
-                            .is_some_and(|a| !a.rows.is_empty() && a.tlt_version < cur.version)
+                        && m.reported.as_ref().is_some_and(|a| assignment_is_stale(&cur, **id, a))
                 })
                 .map(|(id, _)| *id)
                 .collect()
         };
         for id in stale {
             match self.push_assignments(&cur, &filling, &[id]).await {
-                Ok(()) => {
-                    if let Some(m) = lock(&self.state).members.get_mut(&id) {
-                        m.reported = None;
-                    }
-                    tracing::info!(%id, "told a tractserver holding rows given away to drop them");
-                }
-                Err(e) => tracing::warn!(%id, error = %e, "tractserver did not take its empty assignment"),
+                Ok(()) => tracing::info!(%id, "gave a tractserver with a stale assignment its current one"),
+                Err(e) => tracing::warn!(%id, error = %e, "tractserver did not take its current assignment"),
             }
         }
         let dead = lock(&self.state).dead.clone();

@@ -52,6 +52,9 @@ struct Shared {
     pending: Mutex<BTreeMap<u64, ReplySlot>>,
     closed: AtomicBool,
     next_id: AtomicU64,
+    /// The reader task, stopped when the connection is given up on (its
+    /// stream may never error by itself).
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Shared {
@@ -110,12 +113,24 @@ impl RpcConn {
             pending: Mutex::new(BTreeMap::new()),
             closed: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+            reader: Mutex::new(None),
         });
         let (rd, wr) = tokio::io::split(stream);
         let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
         tokio::spawn(writer_task(wr, rx, shared.clone()));
-        tokio::spawn(reader_task(rd, shared.clone()));
+        let reader = tokio::spawn(reader_task(rd, shared.clone()));
+        *shared.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(reader.abort_handle());
         RpcConn { shared, tx }
+    }
+
+    /// Gives the connection up: every waiting call fails and later ones
+    /// are refused, so callers dial again. The writer task ends once the
+    /// last handle is dropped.
+    pub fn close(&self) {
+        self.shared.fail_all();
+        if let Some(r) = self.shared.reader.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            r.abort();
+        }
     }
 
     pub fn addr(&self) -> &str {
@@ -169,7 +184,14 @@ impl RpcConn {
     ) -> Result<(Reply, Bytes), RpcError> {
         match env.timeout(timeout, self.call(req, data)).await {
             Ok(r) => r,
-            Err(_) => Err(RpcError::Timeout(self.shared.addr.clone())),
+            // No reply in time: the stream may be stuck for good (a path
+            // that lost packets, a peer that vanished without a reset), and
+            // every later request on it would wait the same. Callers dial
+            // a fresh connection instead.
+            Err(_) => {
+                self.close();
+                Err(RpcError::Timeout(self.shared.addr.clone()))
+            }
         }
     }
 }

@@ -238,7 +238,13 @@ async fn heartbeat_loop(
     let mut send_assignment = true;
     loop {
         if conn.as_ref().is_none_or(|c| c.is_closed()) {
-            conn = RpcConn::connect(&env, &cfg.meta).await.ok();
+            // Bounded: after a long partition a connect can hang on lost
+            // packets, and the heartbeat is what restores the lease.
+            conn = env
+                .timeout(cfg.request_timeout, RpcConn::connect(&env, &cfg.meta))
+                .await
+                .ok()
+                .and_then(|c| c.ok());
             send_assignment = true;
         }
         if let Some(c) = &conn {
@@ -268,12 +274,22 @@ async fn heartbeat_loop(
                         failing = false;
                     }
                     interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
-                    *service.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
-                        (r.lease_ms > 0).then(|| sent + Duration::from_millis(r.lease_ms as u64));
                     send_assignment = r.send_assignment;
+                    // The fence goes up before the lease is renewed: a server
+                    // declared dead must not serve its old rows even for the
+                    // instant in between. It comes down on a reply that says
+                    // continue from a metadata server that serves a table
+                    // (not one rebuilding it, which asks for assignments and
+                    // cannot judge them yet): it sends that only once this
+                    // server's stored assignment is current.
                     let fence = r.action == HeartbeatAction::StopServing;
                     if fence && !service.fenced.swap(true, Ordering::AcqRel) {
-                        tracing::error!("the metadata server removed this tractserver from the cluster; refusing requests");
+                        tracing::error!("the metadata server says this tractserver's rows are stale or given away; refusing requests until it sends the current assignment");
+                    }
+                    *service.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                        (r.lease_ms > 0).then(|| sent + Duration::from_millis(r.lease_ms as u64));
+                    if !fence && !r.send_assignment && service.fenced.swap(false, Ordering::AcqRel) {
+                        tracing::info!("the metadata server says this tractserver's assignment is current; serving again");
                     }
                 }
                 Ok(_) => tracing::warn!("unexpected heartbeat reply"),
