@@ -481,8 +481,11 @@ async fn client_workload(
                 }
                 if env.now() > deadline {
                     return Err(format!(
-                        "{host}: liveness: not fully replicated 120 s after faults stopped: phase {} rows_filling {} rows_degraded {}",
-                        s.phase, s.rows_filling, s.rows_degraded
+                        "{host}: liveness: not fully replicated 120 s after faults stopped: phase {} rows_filling {} rows_degraded {}; members: {:?}",
+                        s.phase,
+                        s.rows_filling,
+                        s.rows_degraded,
+                        s.members.iter().map(|m| (m.addr.clone(), m.alive, m.dead, m.rows, m.fill)).collect::<Vec<_>>()
                     )
                     .into());
                 }

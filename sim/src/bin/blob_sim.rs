@@ -80,6 +80,13 @@ fn config_flags(a: &Args) -> Vec<String> {
 }
 
 fn main() -> ExitCode {
+    // The servers' own logs, for following one seed: `RUST_LOG=info`.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let Some(a) = parse() else { return usage() };
     if let Some(seed) = a.seed {
         return match run_blob_sim(seed, &a.cfg) {

@@ -180,6 +180,12 @@ struct State {
     /// two memberships on the tractservers that stored the failed round.
     row_version_floor: HashMap<usize, u64>,
     tlt_version_floor: u64,
+    /// Members that may hold an assignment from a change that was never
+    /// served (its round failed part-way; a push can even arrive late,
+    /// after a partition heals). Every later change pushes them their
+    /// current assignment too, whose newer table version then outranks the
+    /// unserved one, until a push to them succeeds.
+    unsettled: BTreeSet<TsId>,
     first_report: Option<Instant>,
     last_complaint: Option<Instant>,
 }
@@ -232,6 +238,7 @@ impl MetaServer {
                 last_recover: None,
                 row_version_floor: HashMap::new(),
                 tlt_version_floor: 0,
+                unsettled: BTreeSet::new(),
                 first_report: None,
                 last_complaint: None,
             }),
@@ -653,10 +660,15 @@ impl MetaServer {
         }
         // A dead member cannot store anything: it is told to stop serving
         // when it heartbeats again, and then given its assignment.
-        let ids: Vec<TsId> = affected.into_iter().filter(|id| !dead.contains(id)).collect();
+        let unsettled = lock(&self.state).unsettled.clone();
+        let ids: Vec<TsId> = affected.union(&unsettled).copied().filter(|id| !dead.contains(id)).collect();
+        lock(&self.state).unsettled.extend(ids.iter().copied());
         self.push_assignments(&t, &filling, &ids).await?;
         let t = Arc::new(t);
         let mut st = lock(&self.state);
+        for id in &ids {
+            st.unsettled.remove(id);
+        }
         st.tlt = Some(t.clone());
         st.filling = filling;
         Ok(t)
@@ -665,9 +677,10 @@ impl MetaServer {
     /// One recovery round (FDS §3.2), the same for a single, concurrent or
     /// cascading failure: declare silent members dead; give returning ones
     /// their current assignment; in every row naming a dead member, put a
-    /// live member in its place (random among the least loaded, never two
-    /// in one failure domain) that then copies the row from the row's
-    /// complete members; and mark rows whose newcomers finished copying.
+    /// live member in its place (random among the least loaded, counting
+    /// rows it copies to or from in this round; never two in one failure
+    /// domain) that then copies the row from the row's complete members;
+    /// and mark rows whose newcomers finished copying.
     async fn recover(&self) -> Result<(), MetaError> {
         let now = self.env.now();
         let (cur, members, filling, ready_since) = {
@@ -698,26 +711,13 @@ impl MetaServer {
             }
             st.dead.iter().copied().filter(|id| age(id) < self.cfg.dead_after / 2).collect()
         };
-        for id in returned {
-            // Whatever it holds now, it holds at the versions of the table
-            // being served: rows given away are gone from its assignment.
-            match self.push_assignments(&cur, &filling, &[id]).await {
-                Ok(()) => {
-                    lock(&self.state).dead.remove(&id);
-                    let rows = Self::assignment_for(&cur, &filling, id).rows.len();
-                    tracing::info!(%id, rows, "declared-dead tractserver is back and holds its current assignment");
-                }
-                // It stays fenced (dead) and is tried again next round.
-                Err(e) => {
-                    tracing::warn!(%id, error = %e, "returning tractserver did not take its assignment")
-                }
-            }
-        }
-        // A live member reporting rows at versions older than the table's,
-        // or rows it no longer holds (it came back while this metadata
-        // server was restarting, after they were given away), is told to
-        // stop serving by its heartbeats until it has its current
-        // assignment, which it gets here.
+        // A member back from the dead, or reporting rows at versions older
+        // than the table's or rows it no longer holds (it came back while
+        // this metadata server was restarting, after they were given away),
+        // is told to stop serving by its heartbeats until it has stored its
+        // current assignment. It gets one in a table version above any
+        // handed out before (`commit` with no row changes pushes it to every
+        // unsettled member), so no older push still in flight can replace it.
         let stale: Vec<TsId> = {
             let st = lock(&self.state);
             members
@@ -729,12 +729,26 @@ impl MetaServer {
                 .map(|(id, _)| *id)
                 .collect()
         };
-        for id in stale {
-            match self.push_assignments(&cur, &filling, &[id]).await {
-                Ok(()) => tracing::info!(%id, "gave a tractserver with a stale assignment its current one"),
-                Err(e) => tracing::warn!(%id, error = %e, "tractserver did not take its current assignment"),
+        let cur = if returned.is_empty() && stale.is_empty() {
+            cur
+        } else {
+            {
+                let mut st = lock(&self.state);
+                for id in returned.iter().chain(&stale) {
+                    st.dead.remove(id);
+                    st.unsettled.insert(*id);
+                }
             }
-        }
+            let t = self.commit(&cur, &[]).await?;
+            for id in &returned {
+                let rows = Self::assignment_for(&t, &filling, *id).rows.len();
+                tracing::info!(%id, rows, "declared-dead tractserver is back and holds its current assignment");
+            }
+            for id in &stale {
+                tracing::info!(%id, "gave a tractserver with a stale assignment its current one");
+            }
+            t
+        };
         let dead = lock(&self.state).dead.clone();
 
         let domain_of = |id: &TsId| -> String {
@@ -755,6 +769,24 @@ impl MetaServer {
                 *rows_held.entry(cur.members[m as usize].id).or_default() += 1;
             }
         }
+        // Each replaced row is copied from its first complete member (see
+        // the tractserver's `fill`), whose disk reads every byte the
+        // newcomer writes. Counting those rows as load too spreads the copy
+        // traffic over every disk: a disk that is already the source of
+        // several rows is not also made a newcomer while others idle.
+        let mut sourcing: HashMap<TsId, usize> = HashMap::new();
+        for (i, row) in cur.rows.iter().enumerate() {
+            let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
+            if !ids.iter().any(|id| dead.contains(id)) {
+                continue;
+            }
+            let fill = filling.get(&i);
+            if let Some(src) =
+                ids.iter().find(|id| !dead.contains(id) && fill.is_none_or(|f| !f.contains(id)))
+            {
+                *sourcing.entry(*src).or_default() += 1;
+            }
+        }
         let mut given: HashMap<TsId, usize> = HashMap::new();
         let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
         let mut changes = Vec::new();
@@ -763,13 +795,24 @@ impl MetaServer {
             let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
             let fill = filling.get(&i).cloned().unwrap_or_default();
             if !ids.iter().any(|id| dead.contains(id)) {
-                // Newcomers that finished copying this version of the row.
+                // Newcomers that finished copying this version of the row:
+                // they say so, or they already hold an assignment that no
+                // longer has them filling it (a clearing round that reached
+                // them but failed elsewhere; they stop reporting the row).
                 let done: BTreeSet<TsId> = fill
                     .iter()
                     .copied()
                     .filter(|id| {
                         members.get(id).is_some_and(|m| {
                             m.filled.iter().any(|f| f.row as usize == i && f.version == row.version)
+                                || m.reported.as_ref().is_some_and(|a| {
+                                    a.cluster_id == cur.cluster_id
+                                        && a.rows.iter().any(|r| {
+                                            r.row as usize == i
+                                                && r.version == row.version
+                                                && !r.filling.contains(id)
+                                        })
+                                })
                         })
                     })
                     .collect();
@@ -806,7 +849,9 @@ impl MetaServer {
                     .filter(|id| !new_ids.contains(id) && !taken.contains(&domain_of(id)))
                     .collect();
                 let load = |id: &TsId| {
-                    (given.get(id).copied().unwrap_or(0), rows_held.get(id).copied().unwrap_or(0))
+                    let copying =
+                        given.get(id).copied().unwrap_or(0) + sourcing.get(id).copied().unwrap_or(0);
+                    (copying, rows_held.get(id).copied().unwrap_or(0))
                 };
                 let Some(best) = cands.iter().map(load).min() else { continue };
                 let least: Vec<TsId> = cands.into_iter().filter(|id| load(id) == best).collect();

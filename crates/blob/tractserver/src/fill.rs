@@ -44,9 +44,23 @@ use blizzard_rpc::Shutdown;
 use crate::service::{decode_meta, store_err, TractService};
 use crate::store::Durability;
 
-/// Tracts one newcomer copies at once. Each holds up to a tract in memory;
-/// recovery's parallelism comes mostly from every newcomer copying at once.
+/// Tracts one newcomer copies at once, over all the rows it fills. Each
+/// holds up to a tract in memory; recovery's parallelism comes mostly from
+/// every newcomer copying at once.
 const COPY_PARALLEL: usize = 4;
+
+/// The background copier's share of `COPY_PARALLEL`, taken per tract by
+/// every row being filled. Rows are copied concurrently so that a newcomer
+/// of several rows reads from all their sources at once: one row at a time,
+/// the newcomers of a recovery tended to queue on the same source while
+/// other sources idled (`bench/recovery.sh`).
+struct CopySlots(tokio::sync::Semaphore);
+
+impl Default for CopySlots {
+    fn default() -> Self {
+        CopySlots(tokio::sync::Semaphore::new(COPY_PARALLEL))
+    }
+}
 
 /// Pause before trying a row again after its copy failed.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -82,6 +96,7 @@ pub struct Fills {
     wake: Notify,
     /// When the copy budget is next free (see `TractService::fill_bandwidth`).
     paced_until: Mutex<Option<blizzard_env::Instant>>,
+    copy_slots: CopySlots,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -415,9 +430,10 @@ impl TractService {
         Ok(Reply::RowTracts { tracts, more })
     }
 
-    /// Copies every row being filled here, one row at a time, until the
-    /// server stops. Woken by new assignments; rows that fail (a source
-    /// down, a version change under way) are tried again shortly.
+    /// Copies every row being filled here, all rows at once sharing
+    /// `COPY_PARALLEL`, until the server stops. Woken by new assignments;
+    /// rows that fail (a source down, a version change under way) are tried
+    /// again shortly.
     pub async fn fill_loop(self: Arc<Self>, mut shutdown: Shutdown) {
         loop {
             let todo: Vec<u32> = {
@@ -426,13 +442,13 @@ impl TractService {
                 v.sort_unstable();
                 v
             };
+            let results = tokio::select! {
+                biased;
+                _ = shutdown.wait() => return,
+                r = futures::future::join_all(todo.iter().map(|row| self.fill_row(*row))) => r,
+            };
             let mut failed = false;
-            for row in todo {
-                let r = tokio::select! {
-                    biased;
-                    _ = shutdown.wait() => return,
-                    r = self.fill_row(row) => r,
-                };
+            for (row, r) in todo.iter().zip(results) {
                 if let Err(e) = r {
                     tracing::warn!(row, error = %e, "copying a row failed; retrying");
                     failed = true;
@@ -461,11 +477,19 @@ impl TractService {
         }
         let bytes_before = self.fills.bytes_done.load(Ordering::Relaxed);
         let keys: Vec<(BlobId, TractNo)> = tracts.iter().map(|t| (t.blob, t.tract)).collect();
-        let results: Vec<Result<(), ErrorReply>> = futures::stream::iter(keys)
-            .map(|(blob, tract)| self.ensure_copied(blob, tract))
-            .buffer_unordered(COPY_PARALLEL)
-            .collect()
-            .await;
+        let copy = |(blob, tract): (BlobId, TractNo)| async move {
+            // Never closed, so this waits for a slot and never fails.
+            let _slot = self
+                .fills
+                .copy_slots
+                .0
+                .acquire()
+                .await
+                .map_err(|_| ErrorReply::new(ErrorCode::Internal, "the copy slots were closed"))?;
+            self.ensure_copied(blob, tract).await
+        };
+        let results: Vec<Result<(), ErrorReply>> =
+            futures::stream::iter(keys).map(copy).buffer_unordered(COPY_PARALLEL).collect().await;
         if let Some(e) = results.into_iter().find_map(|r| r.err()) {
             return Err(e);
         }
@@ -477,9 +501,10 @@ impl TractService {
             return Err(ErrorReply::new(ErrorCode::StaleVersion, "row changed while copying"));
         }
         f.complete = true;
-        let bytes = self.fills.bytes_done.load(Ordering::Relaxed) - bytes_before;
+        // Rows are copied concurrently: this counts every row's bytes.
+        let bytes_all_rows = self.fills.bytes_done.load(Ordering::Relaxed) - bytes_before;
         let secs = self.env.now().duration_since(started).as_secs_f64();
-        tracing::info!(row, version, tracts = tracts.len(), bytes, secs, "row copied");
+        tracing::info!(row, version, tracts = tracts.len(), bytes_all_rows, secs, "row copied");
         Ok(())
     }
 

@@ -155,7 +155,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     service.lease_until = std::sync::Mutex::new(Some(env.now()));
     service.request_timeout = cfg.request_timeout;
     service.io_delay = cfg.io_delay;
-    service.io_bandwidth = cfg.io_bandwidth;
+    service.set_io_bandwidth(cfg.io_bandwidth);
     service.fill_bandwidth = cfg.fill_bandwidth;
     service.scrub_bandwidth = cfg.scrub_bandwidth;
     service.io_disk = std::sync::Mutex::new(InjectedDisk {

@@ -10,7 +10,7 @@
 //! earlier change is brought up to date by the next one.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -128,7 +128,9 @@ pub struct TractService {
     /// remote disk's seek and network time in benchmarks.
     pub io_delay: Duration,
     /// Bytes per second of the injected disk's transfer (0: unlimited).
-    pub io_bandwidth: u64,
+    /// Atomic so a benchmark can fill a cluster at full speed and then cap
+    /// every disk (`set_io_bandwidth`) without restarting the servers.
+    io_bandwidth: AtomicU64,
     pub io_disk: Mutex<InjectedDisk>,
     metas: Mutex<HashMap<BlobId, BlobMeta>>,
     prepared: Mutex<HashMap<BlobId, Prepared>>,
@@ -206,7 +208,7 @@ impl TractService {
             meta_addr,
             request_timeout: Duration::from_secs(10),
             io_delay: Duration::ZERO,
-            io_bandwidth: 0,
+            io_bandwidth: AtomicU64::new(0),
             io_disk: Mutex::new(InjectedDisk::default()),
             metas: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
@@ -328,6 +330,17 @@ impl TractService {
         self.check(a.blob, a.tract, a.row_version).map(|_| ())
     }
 
+    /// Bytes per second of the injected disk's transfer (0: unlimited).
+    pub fn io_bandwidth(&self) -> u64 {
+        self.io_bandwidth.load(Ordering::Relaxed)
+    }
+
+    /// Changes the injected disk's transfer rate (0: unlimited), for
+    /// benchmarks that load data at full speed and then measure under a cap.
+    pub fn set_io_bandwidth(&self, bytes_per_sec: u64) {
+        self.io_bandwidth.store(bytes_per_sec, Ordering::Relaxed);
+    }
+
     /// The benchmarks' stand-in for a remote disk: a fixed latency per
     /// request (seek and network), then the transfer at `io_bandwidth`.
     /// With arms, a request occupies one arm for its latency and transfer,
@@ -336,10 +349,13 @@ impl TractService {
     /// its interval on a virtual timeline and sleeps once until its end, so
     /// timer granularity does not accumulate across queued requests.
     pub(crate) async fn injected_delay(&self, len: u64) {
-        if self.io_delay.is_zero() && self.io_bandwidth == 0 {
+        // Read once: a concurrent `set_io_bandwidth` applies from the next
+        // request on, and requests already booked keep their intervals.
+        let bandwidth = self.io_bandwidth.load(Ordering::Relaxed);
+        if self.io_delay.is_zero() && bandwidth == 0 {
             return;
         }
-        let transfer = match self.io_bandwidth {
+        let transfer = match bandwidth {
             0 => Duration::ZERO,
             bw => Duration::from_secs_f64(len as f64 / bw as f64),
         };
