@@ -9,11 +9,13 @@
 //! `store` (tracts in slots, recovery), `service` (the request handlers and
 //! the TLT row checks), `fill` (copying rows this server joined to replace
 //! a dead member), `scrub` (re-reading chunks and repairing rot from other
-//! replicas), `server` (start-up, heartbeats, the entry point).
+//! replicas), `metrics` (the Prometheus view), `server` (start-up,
+//! heartbeats, the entry point).
 
 pub mod commit;
 pub mod fill;
 pub mod layout;
+pub mod metrics;
 pub mod scrub;
 pub mod server;
 pub mod service;

@@ -1,0 +1,84 @@
+//! This server's state as Prometheus metrics (served at `GET /metrics`
+//! when `TractServerConfig::metrics_listen` is set).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::service::TractService;
+
+impl TractService {
+    /// This server's state as Prometheus metrics.
+    pub fn metrics_text(&self) -> String {
+        let (slots, used) = self.store.usage();
+        let st = &self.store.stats;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let (filled, fill) = self.fills.report();
+        let serving = if self.check_serving_now() { 1.0 } else { 0.0 };
+        blizzard_metrics::Text::new()
+            .gauge("blizzard_tract_slots", "Tract slots on this disk.", slots as f64)
+            .gauge("blizzard_tract_slots_used", "Tract slots holding a tract.", used as f64)
+            .gauge("blizzard_serving", "1 while this server holds a lease and is not fenced.", serving)
+            .gauge(
+                "blizzard_requests_in_flight",
+                "Requests being served now.",
+                self.inflight.load(Ordering::Relaxed) as f64,
+            )
+            .counter("blizzard_tract_reads_total", "Tract reads served.", n(&st.reads))
+            .counter("blizzard_tract_writes_total", "Tract writes applied.", n(&st.writes))
+            .counter("blizzard_read_bytes_total", "Bytes read from tracts.", n(&st.bytes_read))
+            .counter("blizzard_written_bytes_total", "Bytes written to tracts.", n(&st.bytes_written))
+            .counter(
+                "blizzard_fdatasync_total",
+                "fdatasync calls (group commits).",
+                self.store.syncs() as f64,
+            )
+            .counter(
+                "blizzard_corrupt_reads_total",
+                "Chunk reads that failed their CRC.",
+                n(&st.corrupt_reads),
+            )
+            .gauge("blizzard_fill_rows", "Rows this server is still copying as a newcomer.", fill.rows as f64)
+            .gauge(
+                "blizzard_fill_rows_done",
+                "Rows copied, not yet cleared by the metadata server.",
+                filled.len() as f64,
+            )
+            .gauge(
+                "blizzard_fill_tracts_total",
+                "Tracts to copy in the rows being filled.",
+                fill.tracts_total as f64,
+            )
+            .gauge(
+                "blizzard_fill_tracts_done",
+                "Tracts copied in the rows being filled.",
+                fill.tracts_done as f64,
+            )
+            .counter(
+                "blizzard_fill_bytes_total",
+                "Bytes copied as a newcomer since start.",
+                fill.bytes_done as f64,
+            )
+            .counter("blizzard_scrub_bytes_total", "Bytes the scrubber has checked.", n(&self.scrub.bytes))
+            .counter("blizzard_scrub_passes_total", "Full scrub passes over the disk.", n(&self.scrub.passes))
+            .counter(
+                "blizzard_scrub_damaged_total",
+                "Damaged chunks the scrubber found.",
+                n(&self.scrub.damaged),
+            )
+            .counter(
+                "blizzard_scrub_repaired_total",
+                "Damaged chunks rewritten from another replica.",
+                n(&self.scrub.repaired),
+            )
+            .counter(
+                "blizzard_scrub_unrepaired_total",
+                "Damaged chunks no replica could supply when found (retried).",
+                n(&self.scrub.unrepaired),
+            )
+            .counter(
+                "blizzard_orphans_freed_total",
+                "Tracts freed because their blob is gone or their row left this server.",
+                n(&self.scrub.orphans_freed),
+            )
+            .finish()
+    }
+}
