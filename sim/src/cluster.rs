@@ -14,8 +14,8 @@
 //! reports every row fully replicated (dead tractservers' rows copied to
 //! others, FDS §3.2), then checks every replica of every tract it wrote.
 //!
-//! Fault model exercised here (message duplication is not: turmoil's TCP
-//! delivers a stream's bytes once and in order, as TCP does):
+//! Fault model exercised here (turmoil's TCP delivers a stream's bytes once
+//! and in order, as TCP does; duplicates come from `ghost`):
 //! - tractserver crash: the host's software stops at once, open
 //!   connections break, and its disk crashes (`SimDisk::crash`); after a
 //!   pause the host restarts on the same disk;
@@ -25,7 +25,14 @@
 //!   tractserver cut off from every other host link by link, its links
 //!   restored one by one in random order; 0.2–3 s each;
 //! - held links: messages between two hosts held back, then delivered at
-//!   once (delay and reordering against other links).
+//!   once (delay and reordering against other links);
+//! - cluster growth: `joining` tractservers start mid-run and take their
+//!   share of TLT entries (pending, copied, committed, FDS §3.4), under
+//!   the same faults;
+//! - late duplicates (`ghost`): a request on a client connection that was
+//!   dropped (after a timeout, a partition or a crash) is delivered again
+//!   50 ms–3 s later on a new connection, with its old `Hello`, as TCP can
+//!   deliver a dead connection's bytes late.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -41,7 +48,7 @@ use blizzard_client::{Client, ClientConfig};
 use blizzard_metaserver::server::{self as meta, MetaConfig};
 use blizzard_tractserver::{self as ts, TractServerConfig};
 
-use crate::{derive_seed, sim_env, sim_env_incarnation, SimDisks, Trace};
+use crate::{derive_seed, sim_env, sim_env_incarnation, sim_env_with_ghosts, Ghosts, SimDisks, Trace};
 
 #[derive(Clone, Debug)]
 pub struct BlobSimConfig {
@@ -57,6 +64,13 @@ pub struct BlobSimConfig {
     pub restart_meta: bool,
     /// Cut, cut one way and hold network links during the run.
     pub partitions: bool,
+    /// Tractservers that join the running cluster (FDS §3.4), each at a
+    /// time drawn from the seed, on top of `tractservers`.
+    pub joining: usize,
+    /// Deliver the last request of one in this many of the clients'
+    /// dropped connections again, late, on a new connection (`ghost`; 0:
+    /// never).
+    pub duplicates: u32,
     /// A bug planted in every tractserver, to show the oracle catches it.
     pub planted_bug: blizzard_tractserver::PlantedBug,
 }
@@ -73,6 +87,8 @@ impl Default for BlobSimConfig {
             crash_tractservers: true,
             restart_meta: true,
             partitions: true,
+            joining: 2,
+            duplicates: 2,
             planted_bug: blizzard_tractserver::PlantedBug::None,
         }
     }
@@ -90,6 +106,10 @@ pub struct BlobSimReport {
     pub link_faults: u32,
     /// Most rows seen being re-replicated at once (0: no recovery ran).
     pub rows_refilled: u64,
+    /// Most rows seen with a pending member at once (0: nobody joined).
+    pub rows_grown: u64,
+    /// Requests delivered again, late (`ghost`).
+    pub duplicates: u64,
     pub simulated: Duration,
 }
 
@@ -145,8 +165,15 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             }
         });
     }
-    for i in 0..cfg.tractservers {
+    let total = cfg.tractservers + cfg.joining;
+    for i in 0..total {
         let (disks, lives, planted) = (disks.clone(), Rc::new(RefCell::new(0u64)), cfg.planted_bug);
+        // A joining server's first start waits until the cluster has run a
+        // while (and is under load); restarts after a crash do not.
+        let join_after = (i >= cfg.tractservers).then(|| {
+            let mut r = SmallRng::seed_from_u64(derive_seed(seed, &format!("join{i}")));
+            Duration::from_millis(r.random_range(3_000..12_000))
+        });
         sim.host(ts_host(i), move || {
             let life = {
                 let mut l = lives.borrow_mut();
@@ -154,7 +181,11 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 *l
             };
             let env = sim_env_incarnation(seed, &ts_host(i), life, disks.clone());
+            let wait = join_after.filter(|_| life == 1);
             async move {
+                if let Some(w) = wait {
+                    env.sleep(w).await;
+                }
                 let mut c = TractServerConfig::new(disk_path(i), "0.0.0.0:7000", META_ADDR);
                 c.disk_size = Some(16 << 20);
                 c.failure_domain = format!("rack{}", i % 4);
@@ -167,9 +198,14 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             }
         });
     }
+    let ghosts = Ghosts::new(SmallRng::seed_from_u64(derive_seed(seed, "ghosts")), cfg.duplicates);
     for c in 0..cfg.clients {
         let host = format!("client{c}");
-        let env = sim_env(seed, &host, SimDisks::new(0));
+        let env = if cfg.duplicates > 0 {
+            sim_env_with_ghosts(seed, &host, SimDisks::new(0), ghosts.clone())
+        } else {
+            sim_env(seed, &host, SimDisks::new(0))
+        };
         let (trace, acked, verified, cfg) = (trace.clone(), acked.clone(), verified.clone(), cfg.clone());
         let probe = probe.clone();
         sim.client(host.clone(), async move {
@@ -184,8 +220,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let mut ts_down: Option<(usize, u64)> = None;
     let mut meta_down: Option<u64> = None;
     let (mut ts_crashes, mut meta_restarts, mut link_faults) = (0u32, 0u32, 0u32);
-    let hosts: Vec<String> =
-        std::iter::once("meta".to_string()).chain((0..cfg.tractservers).map(ts_host)).collect();
+    let hosts: Vec<String> = std::iter::once("meta".to_string()).chain((0..total).map(ts_host)).collect();
     let clients: Vec<String> = (0..cfg.clients).map(|c| format!("client{c}")).collect();
     let mut cuts: Vec<Cut> = Vec::new();
     let mut step: u64 = 0;
@@ -224,7 +259,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         if cfg.crash_tractservers {
             match ts_down {
                 None if chaos.random_ratio(1, 1500) => {
-                    let i = chaos.random_range(0..cfg.tractservers);
+                    let i = chaos.random_range(0..total);
                     sim.crash(ts_host(i));
                     let report = disks.get(disk_path(i).as_ref()).map(|d| d.crash()).unwrap_or_default();
                     trace.event_at(now, "chaos", format!("crash {} {report:?}", ts_host(i)));
@@ -302,6 +337,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         meta_restarts,
         link_faults,
         rows_refilled: probe.rows_refilled.load(Ordering::Relaxed),
+        rows_grown: probe.rows_grown.load(Ordering::Relaxed),
+        duplicates: ghosts.sent.load(Ordering::Relaxed),
         simulated: sim.elapsed(),
     })
 }
@@ -360,6 +397,7 @@ struct Probe {
     /// Set by the first client to finish its workload: faults stop.
     faults_over: Arc<std::sync::atomic::AtomicBool>,
     rows_refilled: Arc<AtomicU64>,
+    rows_grown: Arc<AtomicU64>,
 }
 
 /// One client: its own blob, random aligned and unaligned writes (retried
@@ -449,6 +487,8 @@ async fn client_workload(
             if let Ok(s) = client.cluster_status().await {
                 probe.rows_refilled.fetch_max(s.rows_filling as u64, Ordering::Relaxed);
             }
+            let pending = client.tlt().rows.iter().filter(|r| !r.pending.is_empty()).count();
+            probe.rows_grown.fetch_max(pending as u64, Ordering::Relaxed);
         }
         trace.event(&host, format!("ack write {w} tract {t} [{off}, +{len})"));
         if rng.random_ratio(1, 3) {
@@ -522,8 +562,13 @@ async fn client_workload(
         for (i, r) in replicas.iter().enumerate() {
             if r[..] != model[t as usize][..] {
                 let at = r.iter().zip(&model[t as usize]).position(|(a, b)| a != b).unwrap_or(0);
+                let tlt = client.tlt();
+                let row = tlt.locate(blob.id(), blizzard_core::TractNo(t as i64));
+                let who = tlt.rows[row].members.get(i).map(|&m| tlt.members[m as usize].addr.clone());
                 return Err(format!(
-                    "{host}: liveness: replica {i} of tract {t} differs from the acknowledged bytes at offset {at}"
+                    "{host}: liveness: replica {i} ({}, row {row} v{}) of tract {t} differs from the acknowledged bytes at offset {at}",
+                    who.unwrap_or_default(),
+                    tlt.rows[row].version
                 )
                 .into());
             }

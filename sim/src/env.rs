@@ -154,6 +154,14 @@ pub fn sim_env_incarnation(seed: u64, host: &str, incarnation: u64, disks: SimDi
     }
 }
 
+/// [`sim_env`] for a client host whose dropped connections may come back
+/// as late duplicates (`ghost`).
+pub fn sim_env_with_ghosts(seed: u64, host: &str, disks: SimDisks, ghosts: crate::ghost::Ghosts) -> Env {
+    let mut env = sim_env(seed, host, disks);
+    env.net = Arc::new(SimNet::with_ghosts(host, ghosts));
+    env
+}
+
 /// An append-only log of what happened in a run ("t=12.000ms ts3 crash"),
 /// shared by the harness, the hosts and the checkers. Two runs of one seed
 /// must produce the same trace; [`Trace::digest`] makes that a one-line

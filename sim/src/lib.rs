@@ -29,6 +29,7 @@
 pub mod cluster;
 pub mod disk;
 pub mod env;
+pub mod ghost;
 pub mod net;
 
 use std::io;
@@ -36,7 +37,10 @@ use std::path::PathBuf;
 
 pub use cluster::{run_blob_sim, BlobSimConfig, BlobSimReport};
 pub use disk::{CrashReport, FaultConfig, SimDisk, SimDisks, SECTOR_SIZE};
-pub use env::{derive_seed, sim_env, sim_env_incarnation, SimClock, SimRng, Trace, SIM_EPOCH};
+pub use env::{
+    derive_seed, sim_env, sim_env_incarnation, sim_env_with_ghosts, SimClock, SimRng, Trace, SIM_EPOCH,
+};
+pub use ghost::Ghosts;
 pub use net::SimNet;
 
 /// What the simulated world refuses, precisely. The `Env` traits speak

@@ -23,19 +23,28 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use turmoil::net::{TcpListener, TcpStream};
 
+use crate::ghost::{GhostStream, Ghosts};
 use crate::SimError;
 
 /// The simulated network as seen from host `host`.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SimNet {
     host: Arc<str>,
+    /// Late duplicates of this host's client connections, if injected.
+    ghosts: Option<Ghosts>,
 }
 
 impl SimNet {
     /// The network of the turmoil host named `host`; its listeners must be
     /// bound from tasks running on that host.
     pub fn new(host: &str) -> SimNet {
-        SimNet { host: host.into() }
+        SimNet { host: host.into(), ghosts: None }
+    }
+
+    /// The same, with late duplicates of its client connections' requests
+    /// (see `ghost`).
+    pub fn with_ghosts(host: &str, ghosts: Ghosts) -> SimNet {
+        SimNet { host: host.into(), ghosts: Some(ghosts) }
     }
 
     pub fn host(&self) -> &str {
@@ -89,11 +98,15 @@ fn bind_target(addr: &str, me: &str) -> Result<(BindTo, u16), SimError> {
 impl Net for SimNet {
     fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>> {
         let addr = addr.to_string();
+        let ghosts = self.ghosts.clone();
         async move {
             check_simulated(&addr)?;
             let s = TcpStream::connect(addr.as_str()).await?;
             s.set_nodelay(true)?;
-            Ok(Box::new(s) as BoxStream)
+            Ok(match ghosts {
+                Some(g) => Box::new(GhostStream::new(s, addr, g)) as BoxStream,
+                None => Box::new(s) as BoxStream,
+            })
         }
         .boxed()
     }

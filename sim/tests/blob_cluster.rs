@@ -10,8 +10,10 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_blob-sim");
 
+/// Seeds per test here, in the unoptimized test build; `scripts/test` runs
+/// hundreds more in an optimized one.
 fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40)
+    std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
 }
 
 fn run(args: &[&str]) -> (bool, String) {
@@ -23,15 +25,18 @@ fn run(args: &[&str]) -> (bool, String) {
 /// 3-way replication over 6 tractservers in 4 failure domains: no
 /// acknowledged byte is lost or corrupted through crashes, restarts and
 /// cut, one-way and held links,
-/// tractservers down longer than `dead_after` are re-replicated, and once
-/// faults stop every row is whole again with every replica exact.
+/// tractservers down longer than `dead_after` are re-replicated, two that
+/// join mid-run take their share of the table, and once faults stop every
+/// row is whole again with every replica exact.
 #[test]
 fn three_way_seeds_keep_every_acknowledged_write() {
     let n = seeds().to_string();
-    let (ok, out) = run(&["--seeds", &n, "--replication", "3", "--tractservers", "6"]);
+    let (ok, out) = run(&["--seeds", &n, "--replication", "3", "--tractservers", "6", "--joining", "2"]);
     println!("{out}");
     assert!(ok, "{out}");
     assert!(out.contains("violations=0"));
+    assert!(!out.contains("rows_grown=0"), "no tractserver ever joined: growth went untested\n{out}");
+    assert!(!out.contains(" duplicates=0"), "no request was ever duplicated\n{out}");
     assert!(
         !out.contains("tractserver_crashes=0 "),
         "no tractserver ever crashed: the run proves nothing\n{out}"
@@ -64,6 +69,35 @@ fn planted_skip_copy_is_caught() {
         out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
         "{out}"
     );
+}
+
+/// The fence is what keeps late duplicates out: with tractservers that
+/// apply requests from connections their client has replaced, a request the
+/// client gave up on and retried, delivered again late (every dropped
+/// client connection's last request, here), replaces newer acknowledged
+/// data.
+#[test]
+fn planted_no_fence_is_caught() {
+    let (ok, out) = run(&[
+        "--seeds",
+        "24",
+        "--first",
+        "7001",
+        "--replication",
+        "3",
+        "--tractservers",
+        "6",
+        "--duplicates",
+        "1",
+        "--plant",
+        "no-fence",
+    ]);
+    assert!(!ok, "late duplicates applied after newer writes went unnoticed:\n{out}");
+    assert!(
+        out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
+        "{out}"
+    );
+    assert!(!out.contains(" duplicates=0"), "no duplicate was ever delivered:\n{out}");
 }
 
 /// 1-way replication: a crashed tractserver's tracts are unavailable until

@@ -126,6 +126,11 @@ enum Cmd {
         /// and give its TLT rows to live ones.
         #[arg(long, default_value_t = 5000)]
         dead_after_ms: u64,
+        /// Keep tractservers that hold no TLT entries (new ones, or ones
+        /// back from the dead) as spares for replacing failed ones, instead
+        /// of giving them their share of the table (FDS §3.4).
+        #[arg(long)]
+        no_rebalance: bool,
         /// Serve Prometheus metrics at http://ADDR/metrics.
         #[arg(long)]
         metrics: Option<String>,
@@ -436,9 +441,11 @@ async fn run(cli: Cli) -> Result<()> {
             weighted,
             heartbeat_ms,
             dead_after_ms,
+            no_rebalance,
             metrics,
         } => {
             let mut cfg = MetaConfig::new(listen);
+            cfg.grow = !no_rebalance;
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
             cfg.replication = replication;
             cfg.init_tractservers = init_tractservers;

@@ -3,11 +3,13 @@
 //! three 3-way blobs take a continuous verified load from this process, and
 //! tractservers are SIGKILLed one step at a time (one; two in quick
 //! succession; one, then one of the newcomers while it is still copying;
-//! the metadata server; one more under the restarted metadata server).
+//! the metadata server; one more under the restarted metadata server), and
+//! then two new tractservers join, taking their share of the table.
 //! After each step the metadata server must declare every killed server
 //! dead and bring every row back to three complete replicas, and then every
 //! replica of every tract must hold exactly the bytes acknowledged to the
-//! load. Six of the ten tractservers die in all; four remain for 3-way rows.
+//! load. Six of the ten tractservers die in all; four remain for 3-way
+//! rows until the two newcomers join.
 //!
 //! The load never sees an error: the client is meant to ride through a
 //! failure by retrying against the refreshed TLT, so a failed read or write
@@ -59,6 +61,16 @@ fn start_cluster(dir: &Path, metrics: &str) -> Procs {
     );
     let mut procs = Procs { meta, ts: Vec::new() };
     for i in 0..TRACTSERVERS {
+        spawn_tractserver(&mut procs, dir, i);
+    }
+    procs.wait_listening(Duration::from_secs(30));
+    procs
+}
+
+/// Starts tractserver `i` on a new disk (the caller waits for it to listen).
+fn spawn_tractserver(procs: &mut Procs, dir: &Path, i: usize) {
+    let meta_addr = procs.meta.addr.clone();
+    {
         let disk = dir.join(format!("ts{i}.disk")).display().to_string();
         let args: Vec<String> = [
             "tractserver",
@@ -80,8 +92,6 @@ fn start_cluster(dir: &Path, metrics: &str) -> Procs {
         let log = dir.join(format!("{name}.log"));
         procs.ts.push(Proc::spawn(&name, &args, log, String::new()));
     }
-    procs.wait_listening(Duration::from_secs(30));
-    procs
 }
 
 /// A tractserver still running, chosen at random.
@@ -251,6 +261,40 @@ async fn cluster_recovers_from_tractserver_kills_under_load() {
     assert!(text.contains("every row has all 3 members alive and complete"), "{text}");
     assert!(text.lines().any(|l| l.contains(&victim) && l.contains(" dead ")), "{text}");
     println!("{step}: blizzard status --watch ended with:\n{text}");
+
+    // f. Two new tractservers join mid-load (FDS §3.4): each takes its
+    // share of TLT entries as pending, copies them while the load writes
+    // to old and new members alike, and is committed in their place.
+    let step = "step f (two tractservers join)";
+    let ops_before = shared.ops();
+    let since = Instant::now();
+    for i in TRACTSERVERS..TRACTSERVERS + 2 {
+        spawn_tractserver(&mut procs, dir.path(), i);
+        println!("{step}: started ts{i}");
+    }
+    procs.wait_listening(Duration::from_secs(30));
+    let joined: Vec<String> = procs.ts[TRACTSERVERS..].iter().map(|p| p.addr.clone()).collect();
+    let s = common::wait_status(&client, &mut procs, &shared, step, "both new servers hold rows", &[], |s| {
+        joined.iter().all(|a| s.members.iter().any(|m| &m.addr == a && m.alive && m.rows > 0))
+    })
+    .await;
+    println!("{step}: both joined {:.1?} after starting", since.elapsed());
+    println!("{}", common::describe(&s, &[]));
+    finish_step(&client, &mut procs, &shared, step, since, ops_before).await;
+    // Every live server now holds its share of the table's positions.
+    let s = client.cluster_status().await.unwrap();
+    let live: Vec<_> = s.members.iter().filter(|m| m.alive).collect();
+    let positions: u32 = live.iter().map(|m| m.rows).sum();
+    let fair = positions as f64 / live.len() as f64;
+    for m in &live {
+        assert!(
+            (m.rows as f64) >= fair * 0.8 - 1.0 && (m.rows as f64) <= fair * 1.2 + 1.0,
+            "{step}: {} holds {} positions, fair share {fair:.1}:\n{}",
+            m.addr,
+            m.rows,
+            common::describe(&s, &[])
+        );
+    }
 
     common::stop_load(&shared, load).await;
     let (w, r) = shared.ops();

@@ -564,12 +564,13 @@ fn random_tract(rng: &mut SmallRng) -> Bytes {
 }
 
 /// Whether `addr` is a member again after a cut healed: alive, no longer
-/// dead, holding no rows (they were given away), and the cluster fully
-/// replicated with nobody copying.
+/// dead, holding rows again (its old ones were given away; it rejoins as
+/// a new server does, taking its share of entries, copied while pending),
+/// and the cluster fully replicated with nobody copying.
 fn rejoined(s: &ClusterStatus, addr: &str) -> bool {
     s.fully_replicated()
         && !common::copying(s)
-        && s.members.iter().any(|m| m.addr == addr && m.alive && !m.dead && m.rows == 0)
+        && s.members.iter().any(|m| m.addr == addr && m.alive && !m.dead && m.rows > 0)
 }
 
 /// After a cut heals: polls the status until `victim` has [`rejoined`],
@@ -612,7 +613,7 @@ async fn watch_rejoin(
     let first_answer = probes.iter().find(|p| matches!(p.answer, Answer::Refused(_) | Answer::Data(_)));
     println!(
         "{step}: after the cut healed, {victim} first answered a raw read at {:?} ms, was alive in the status \
-         at {:?} ms and a member again (no rows, not dead) at {:.0} ms; raw reads with the old row version, \
+         at {:?} ms and a member again (its share of new rows, not dead) at {:.0} ms; raw reads with the old row version, \
          {:.1} s in all: {:?}",
         first_answer.map(|p| ms(p.sent, healed).round()),
         alive_at.map(|t| ms(t, healed).round()),

@@ -624,3 +624,73 @@ async fn malformed_frames_are_rejected_and_others_keep_working() -> R {
     c.stop().await;
     Ok(())
 }
+
+/// A client that reconnects (a new `Hello` epoch) fences its older
+/// connections: a write arriving late on one of them, as a request the
+/// client gave up on and retried can, is refused and never replaces what
+/// the client wrote since. Other sessions, and connections without a
+/// `Hello`, are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_from_a_replaced_connection_is_not_applied() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, 1, 1, 64 << 20).await;
+    let client = c.client().await?;
+    let blob = client.create_blob(None, 1).await?;
+    blob.extend_to(1).await?;
+    let tlt = client.tlt();
+    let row = &tlt.rows[tlt.locate(blob.id(), TractNo(0))];
+    let ts = tlt.members[row.members[0] as usize].addr.clone();
+    let write = |fill: u8| {
+        let data = Bytes::from(vec![fill; 4096]);
+        let req = Request::WriteTract {
+            addr: blizzard_proto::TractAddr {
+                blob: blob.id(),
+                incarnation: blob.incarnation(),
+                tract: TractNo(0),
+                row_version: row.version,
+            },
+            offset: 0,
+            crcs: vec![blizzard_core::crc::crc32c(&data)],
+        };
+        (req, data)
+    };
+    let env = Env::real();
+    let conn = |epoch: Option<u64>| {
+        let (env, ts) = (env.clone(), ts.clone());
+        async move {
+            let c = blizzard_rpc::RpcConn::connect(&env, &ts).await?;
+            if let Some(epoch) = epoch {
+                c.call(&Request::Hello { session: 77, epoch }, Bytes::new()).await?;
+            }
+            Ok::<_, blizzard_rpc::RpcError>(c)
+        }
+    };
+    let old = conn(Some(1)).await?;
+    let (req, data) = write(1);
+    old.call(&req, data).await?;
+    // The client reconnects at epoch 2 and writes again.
+    let new = conn(Some(2)).await?;
+    let (req, data) = write(2);
+    new.call(&req, data).await?;
+    // The old connection's late write is refused ...
+    let (req, data) = write(3);
+    let e = old.call(&req, data).await.err().and_then(|e| e.remote().map(|r| r.code));
+    assert_eq!(e, Some(ErrorCode::Aborted));
+    // ... and so is one arriving on a fresh connection under the old epoch.
+    let ghost = conn(Some(1)).await?;
+    let (req, data) = write(4);
+    let e = ghost.call(&req, data).await.err().and_then(|e| e.remote().map(|r| r.code));
+    assert_eq!(e, Some(ErrorCode::Aborted));
+    assert_eq!(&blob.read(0, 0, 4096).await?[..], &[2u8; 4096][..]);
+    // Another session, and a connection without a session, still write.
+    let other = blizzard_rpc::RpcConn::connect(&env, &ts).await?;
+    other.call(&Request::Hello { session: 78, epoch: 1 }, Bytes::new()).await?;
+    let (req, data) = write(5);
+    other.call(&req, data).await?;
+    let plain = conn(None).await?;
+    let (req, data) = write(6);
+    plain.call(&req, data).await?;
+    assert_eq!(&blob.read(0, 0, 4096).await?[..], &[6u8; 4096][..]);
+    c.stop().await;
+    Ok(())
+}

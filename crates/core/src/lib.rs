@@ -10,4 +10,4 @@ pub mod tlt;
 pub mod units;
 
 pub use ids::{BlobId, Incarnation, TractNo, TsId};
-pub use tlt::{Tlt, TltMember, TltRow};
+pub use tlt::{Pending, Tlt, TltMember, TltRow};

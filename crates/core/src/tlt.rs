@@ -19,12 +19,37 @@ pub struct TltMember {
 
 /// One row: `replication` members (indexes into `Tlt::members`), the first
 /// of which is the primary for metadata operations (FDS §3.1).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct TltRow {
     /// Bumped by the metadata server whenever the row's membership changes;
     /// every tract request carries it so stale clients are caught.
     pub version: u64,
     pub members: Vec<u32>,
+    /// Tractservers about to take over a column (cluster growth, FDS §3.4):
+    /// clients write to them as well as to the column's member, read only
+    /// from the members; once a pending member has copied the row, the
+    /// metadata server commits it in the column's place.
+    pub pending: Vec<Pending>,
+}
+
+/// A pending TLT entry: `member` will replace `members[column]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub column: u8,
+    pub member: u32,
+}
+
+impl TltRow {
+    pub fn new(version: u64, members: Vec<u32>) -> TltRow {
+        TltRow { version, members, pending: Vec::new() }
+    }
+
+    /// Where a write of a blob with replication `r` goes: the first `r`
+    /// members and the pending members of those columns.
+    pub fn writers(&self, r: usize) -> impl Iterator<Item = u32> + '_ {
+        let pending = self.pending.iter().filter(move |p| (p.column as usize) < r).map(|p| p.member);
+        self.members.iter().take(r).copied().chain(pending)
+    }
 }
 
 /// The whole table as a client caches it.
@@ -59,6 +84,8 @@ pub enum TltError {
     BadMember { row: usize, member: u32 },
     #[error("TLT row {row} names one tractserver twice")]
     DuplicateInRow { row: usize },
+    #[error("TLT row {row} has a pending entry for column {column}, which is out of range or taken twice")]
+    BadPending { row: usize, column: u8 },
     #[error("TLT member name or address is too long")]
     NameTooLong,
 }
@@ -121,6 +148,17 @@ impl Tlt {
                     return Err(TltError::DuplicateInRow { row: i });
                 }
             }
+            for (j, p) in row.pending.iter().enumerate() {
+                if p.member as usize >= self.members.len() {
+                    return Err(TltError::BadMember { row: i, member: p.member });
+                }
+                if row.members.contains(&p.member) || row.pending[..j].iter().any(|q| q.member == p.member) {
+                    return Err(TltError::DuplicateInRow { row: i });
+                }
+                if p.column as usize >= want || row.pending[..j].iter().any(|q| q.column == p.column) {
+                    return Err(TltError::BadPending { row: i, column: p.column });
+                }
+            }
         }
         Ok(())
     }
@@ -175,9 +213,19 @@ mod tests {
             replication: 2,
             version: 1,
             members: vec![m(1), m(2)],
-            rows: vec![TltRow { version: 1, members: vec![0, 1] }],
+            rows: vec![TltRow::new(1, vec![0, 1])],
         };
         assert_eq!(t.validate(), Ok(()));
+        t.members.push(m(3));
+        t.rows[0].pending = vec![Pending { column: 1, member: 2 }];
+        assert_eq!(t.validate(), Ok(()));
+        assert_eq!(t.rows[0].writers(1).collect::<Vec<_>>(), vec![0]);
+        assert_eq!(t.rows[0].writers(2).collect::<Vec<_>>(), vec![0, 1, 2]);
+        t.rows[0].pending = vec![Pending { column: 2, member: 2 }];
+        assert_eq!(t.validate(), Err(TltError::BadPending { row: 0, column: 2 }));
+        t.rows[0].pending = vec![Pending { column: 0, member: 1 }];
+        assert_eq!(t.validate(), Err(TltError::DuplicateInRow { row: 0 }));
+        t.rows[0].pending.clear();
         t.rows[0].members = vec![0, 0];
         assert_eq!(t.validate(), Err(TltError::DuplicateInRow { row: 0 }));
         t.rows[0].members = vec![0, 5];

@@ -25,7 +25,7 @@ struct Args {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--no-crashes] [--plant ack-before-sync|skip-copy]"
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--duplicates ONE_IN] [--no-crashes] [--plant ack-before-sync|skip-copy|no-fence]"
     );
     ExitCode::from(2)
 }
@@ -42,10 +42,13 @@ fn parse() -> Option<Args> {
             "--jobs" => a.jobs = num()?.max(1) as usize,
             "--replication" => a.cfg.replication = u8::try_from(num()?).ok()?,
             "--tractservers" => a.cfg.tractservers = num()? as usize,
+            "--joining" => a.cfg.joining = num()? as usize,
+            "--duplicates" => a.cfg.duplicates = u32::try_from(num()?).ok()?,
             "--trace" => a.trace = true,
             "--plant" => match it.next()?.as_str() {
                 "ack-before-sync" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::AckBeforeSync,
                 "skip-copy" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::SkipCopy,
+                "no-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoFence,
                 _ => return None,
             },
             "--no-crashes" => {
@@ -65,16 +68,20 @@ fn config_flags(a: &Args) -> Vec<String> {
         a.cfg.replication.to_string(),
         "--tractservers".to_string(),
         a.cfg.tractservers.to_string(),
+        "--joining".to_string(),
+        a.cfg.joining.to_string(),
     ];
     if !a.cfg.crash_tractservers {
         v.push("--no-crashes".into());
     }
+    v.extend(["--duplicates".into(), a.cfg.duplicates.to_string()]);
     match a.cfg.planted_bug {
         blizzard_tractserver::PlantedBug::None => {}
         blizzard_tractserver::PlantedBug::AckBeforeSync => {
             v.extend(["--plant".into(), "ack-before-sync".into()])
         }
         blizzard_tractserver::PlantedBug::SkipCopy => v.extend(["--plant".into(), "skip-copy".into()]),
+        blizzard_tractserver::PlantedBug::NoFence => v.extend(["--plant".into(), "no-fence".into()]),
     }
     v
 }
@@ -95,7 +102,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} rows_grown={} duplicates={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -103,6 +110,8 @@ fn main() -> ExitCode {
                     r.meta_restarts,
                     r.link_faults,
                     r.rows_refilled,
+                    r.rows_grown,
+                    r.duplicates,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -123,17 +132,24 @@ fn main() -> ExitCode {
     };
     let seeds: Vec<u64> = (a.first..a.first + a.seeds).collect();
     let mut failed = Vec::new();
-    let (mut acked, mut crashes, mut restarts, mut refilled, mut links) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut acked, mut crashes, mut restarts, mut refilled, mut links, mut grown, mut dups) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     for batch in seeds.chunks(a.jobs) {
+        // Start the whole batch, then collect: `jobs` seeds run at once.
         let children: Vec<_> = batch
             .iter()
             .map(|s| {
                 let mut c = Command::new(&exe);
-                c.arg("--seed").arg(s.to_string()).args(config_flags(&a));
-                (*s, c.output())
+                c.arg("--seed")
+                    .arg(s.to_string())
+                    .args(config_flags(&a))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped());
+                (*s, c.spawn())
             })
             .collect();
-        for (seed, out) in children {
+        for (seed, child) in children {
+            let out = child.and_then(|c| c.wait_with_output());
             match out {
                 Ok(o) if o.status.success() => {
                     let line = String::from_utf8_lossy(&o.stdout);
@@ -148,6 +164,8 @@ fn main() -> ExitCode {
                     restarts += field("meta_restarts=");
                     refilled += field("rows_refilled=");
                     links += field("link_faults=");
+                    grown += field("rows_grown=");
+                    dups += field("duplicates=");
                 }
                 Ok(o) => {
                     println!("{}", String::from_utf8_lossy(&o.stdout));
@@ -162,7 +180,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled}",
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups}",
         seeds.len(),
         failed.len()
     );

@@ -211,7 +211,9 @@ impl Blob {
             } else {
                 Request::WriteTract { addr, offset, crcs }
             };
-            let calls = row.members.iter().take(r).map(|&m| {
+            // Pending members (cluster growth) take every write too, so
+            // they hold it when they replace their column's member.
+            let calls = row.writers(r).map(|m| {
                 let addr = tlt.members[m as usize].addr.clone();
                 let req = &req;
                 let data = data.clone();
@@ -326,8 +328,9 @@ impl Blob {
         Err(ClientError::Unavailable { attempts, last })
     }
 
-    /// Sends a request to every replica of the tract's row at once and
-    /// returns each one's reply, in row order. Retries the whole round
+    /// Sends a request to every replica of the tract's row at once (not to
+    /// pending members, which may not have copied it yet) and returns each
+    /// one's reply, in row order. Retries the whole round
     /// (after refreshing the TLT) while any replica fails in a way a retry
     /// can mend. The caller holds a simultaneous-request permit.
     async fn ask_every_replica(
@@ -454,7 +457,8 @@ impl Blob {
         self.on_all_replicas(tract, |addr| Request::DeleteTract { addr }).await
     }
 
-    /// Sends a data-less request to every replica of a tract's row,
+    /// Sends a data-less request to every replica of a tract's row (and
+    /// its pending members: a trim or delete changes what they must hold),
     /// retrying through TLT changes.
     async fn on_all_replicas(
         &self,
@@ -469,7 +473,7 @@ impl Blob {
             let tlt = c.tlt();
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let req = make(self.addr(tract, row.version));
-            let calls = row.members.iter().take(r).map(|&m| {
+            let calls = row.writers(r).map(|m| {
                 let addr = tlt.members[m as usize].addr.clone();
                 let req = &req;
                 async move { c.inner.pool.call(&addr, req, Bytes::new()).await }

@@ -5,7 +5,10 @@
 //! rebuilds the table from their heartbeats.
 //!
 //! Modules: `tlt_builder` (pure: the table's rows from members and a random
-//! source), `server` (membership, phases, assignment, the entry point).
+//! source), `growth` (pure: which entries a new tractserver takes, FDS
+//! §3.4), `server` (membership, phases, assignment, failure recovery, the
+//! entry point).
 
+pub mod growth;
 pub mod server;
 pub mod tlt_builder;

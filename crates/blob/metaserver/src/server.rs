@@ -29,14 +29,14 @@ use rand::SeedableRng;
 use tokio::task::JoinHandle;
 
 use blizzard_core::limits::{tract_size_valid, NAME_LEN_MAX, REPLICATION_MAX};
-use blizzard_core::tlt::{Tlt, TltMember, TltRow};
+use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
 use blizzard_core::TsId;
 use blizzard_env::{Env, Instant};
 use blizzard_proto::{
     AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat,
-    HeartbeatAction, HeartbeatReply, MemberStatus, Reply, Request, RowRef,
+    HeartbeatAction, HeartbeatReply, MemberStatus, PendingMember, Reply, Request, RowRef,
 };
-use blizzard_rpc::{serve, RpcConn, RpcError, ServerLimits, Service, Shutdown, ShutdownHandle};
+use blizzard_rpc::{serve, Caller, RpcConn, RpcError, ServerLimits, Service, Shutdown, ShutdownHandle};
 
 use crate::tlt_builder::{build_rows, row_counts, BuildParams, BuilderMember};
 
@@ -63,6 +63,10 @@ pub struct MetaConfig {
     /// Replace dead members automatically. Off only for tests and for
     /// planned maintenance (like Ceph's `noout`).
     pub recovery: bool,
+    /// Give live tractservers that hold no TLT position (new ones, or ones
+    /// back from the dead with nothing) their share of entries (FDS §3.4).
+    /// Off keeps them as spares for replacing failed members.
+    pub grow: bool,
     /// After a restart, how long to wait for tractservers named in the
     /// reported assignments before rebuilding without them.
     pub rebuild_grace: Duration,
@@ -83,6 +87,7 @@ impl MetaConfig {
             heartbeat_interval: Duration::from_millis(500),
             dead_after: Duration::from_secs(5),
             recovery: true,
+            grow: true,
             rebuild_grace: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
             metrics_listen: None,
@@ -130,11 +135,26 @@ fn assignment_is_stale(t: &Tlt, id: TsId, a: &Assignment) -> bool {
     let me = t.member_index(id);
     a.rows.iter().any(|r| match t.rows.get(r.row as usize) {
         Some(cur) => {
-            r.version < cur.version
-                || (r.version == cur.version && !me.is_some_and(|i| cur.members.contains(&i)))
+            r.version < cur.version || (r.version == cur.version && !me.is_some_and(|i| holds(cur, i)))
         }
         None => true,
     })
+}
+
+/// Whether a member's stored assignment `a` lacks a row the table `t`
+/// gives it. A metadata server rebuilt after a restart takes each row from
+/// its newest report, which can be a change whose round failed part-way:
+/// a member it names may never have stored it (and then holds an
+/// assignment without the row), so it must be given its assignment.
+fn assignment_lacks_rows(t: &Tlt, id: TsId, a: &Assignment) -> bool {
+    let Some(me) = t.member_index(id) else { return false };
+    a.cluster_id == t.cluster_id
+        && t.rows.iter().enumerate().any(|(i, r)| holds(r, me) && !a.rows.iter().any(|x| x.row as usize == i))
+}
+
+/// Whether member `i` holds row `r`, as a member or a pending member.
+fn holds(r: &TltRow, i: u32) -> bool {
+    r.members.contains(&i) || r.pending.iter().any(|p| p.member == i)
 }
 
 /// Members still copying, per row.
@@ -145,6 +165,8 @@ struct RowChange {
     row: usize,
     members: Vec<TsId>,
     filling: BTreeSet<TsId>,
+    /// Pending entries (column, newcomer), cluster growth (FDS §3.4).
+    pending: Vec<(u8, TsId)>,
     /// Membership changed: the row gets a new version. Only the filling
     /// set changing (a newcomer finished copying) needs none: clients
     /// write to every member alike either way.
@@ -280,7 +302,13 @@ impl MetaServer {
         if reported.is_some() && st.first_report.is_none() {
             st.first_report = Some(now);
         }
-        let moved = st.members.get(&hb.ts_id).is_some_and(|m| m.addr != hb.addr);
+        // Compared with the table, not with the last heartbeat: a table
+        // rebuilt after a restart lists members it has not heard from yet
+        // with no address, and their first heartbeat must fill it in.
+        let moved = st
+            .tlt
+            .as_ref()
+            .is_some_and(|t| t.member_index(hb.ts_id).is_some_and(|i| t.members[i as usize].addr != hb.addr));
         st.members.insert(
             hb.ts_id,
             Member {
@@ -296,8 +324,9 @@ impl MetaServer {
                 fill: hb.fill,
             },
         );
-        // A member that came back on a new address: clients must learn it,
-        // so the table's version moves (row versions do not: same members).
+        // A member that came back on a new address (or whose address the
+        // table lacked): clients must learn it, so the table's version
+        // moves (row versions do not: same members).
         if moved {
             if let Some(tlt) = st.tlt.clone() {
                 if let Some(i) = tlt.member_index(hb.ts_id) {
@@ -431,7 +460,7 @@ impl MetaServer {
                     TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() }
                 })
                 .collect(),
-            rows: rows.into_iter().map(|members| TltRow { version: 1, members }).collect(),
+            rows: rows.into_iter().map(|members| TltRow::new(1, members)).collect(),
         };
         tlt.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
         self.push_assignments(&tlt, &BTreeMap::new(), &ids).await?;
@@ -465,7 +494,11 @@ impl MetaServer {
                 "{missing} of {len} TLT rows are held by no reporting tractserver; start the missing tractservers"
             )));
         }
-        let ids: BTreeSet<TsId> = rows.iter().flatten().flat_map(|r| r.members.iter().copied()).collect();
+        let ids: BTreeSet<TsId> = rows
+            .iter()
+            .flatten()
+            .flat_map(|r| r.members.iter().copied().chain(r.pending.iter().map(|p| p.id)))
+            .collect();
         let ids: Vec<TsId> = ids.into_iter().collect();
         let index: HashMap<TsId, u32> = ids.iter().enumerate().map(|(i, id)| (*id, i as u32)).collect();
         let tlt = Tlt {
@@ -487,6 +520,11 @@ impl MetaServer {
                 .map(|r| TltRow {
                     version: r.version,
                     members: r.members.iter().filter_map(|m| index.get(m).copied()).collect(),
+                    pending: r
+                        .pending
+                        .iter()
+                        .filter_map(|p| index.get(&p.id).map(|&member| Pending { column: p.column, member }))
+                        .collect(),
                 })
                 .collect(),
         };
@@ -502,8 +540,11 @@ impl MetaServer {
         let filling: Filling = rows
             .iter()
             .flatten()
-            .filter(|r| !r.filling.is_empty())
-            .map(|r| (r.row as usize, r.filling.iter().copied().collect()))
+            .map(|r| {
+                let holder = |id: &TsId| r.members.contains(id) || r.pending.iter().any(|p| p.id == *id);
+                (r.row as usize, r.filling.iter().copied().filter(holder).collect::<BTreeSet<TsId>>())
+            })
+            .filter(|(_, f)| !f.is_empty())
             .collect();
         tracing::info!(
             version = tlt.version,
@@ -525,12 +566,17 @@ impl MetaServer {
                 .rows
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| me.is_some_and(|m| r.members.contains(&m)))
+                .filter(|(_, r)| me.is_some_and(|m| holds(r, m)))
                 .map(|(i, r)| AssignedRow {
                     row: i as u32,
                     version: r.version,
                     members: r.members.iter().map(|&m| tlt.members[m as usize].id).collect(),
                     filling: filling.get(&i).map(|f| f.iter().copied().collect()).unwrap_or_default(),
+                    pending: r
+                        .pending
+                        .iter()
+                        .map(|p| PendingMember { column: p.column, id: tlt.members[p.member as usize].id })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -591,6 +637,17 @@ impl MetaServer {
                 row: *row,
                 members: ids.clone(),
                 filling: filling.get(row).cloned().unwrap_or_default(),
+                pending: cur
+                    .rows
+                    .get(*row)
+                    .map(|r| {
+                        r.pending
+                            .iter()
+                            .map(|p| (p.column, cur.members[p.member as usize].id))
+                            .filter(|(_, id)| !ids.contains(id))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 bump: true,
             })
             .collect();
@@ -620,35 +677,56 @@ impl MetaServer {
             let Some(r) = t.rows.get(c.row) else {
                 return Err(MetaError::BadChange(format!("row {} does not exist", c.row)));
             };
-            affected.extend(r.members.iter().map(|&m| t.members[m as usize].id));
+            affected.extend(
+                r.members
+                    .iter()
+                    .chain(r.pending.iter().map(|p| &p.member))
+                    .map(|&m| t.members[m as usize].id),
+            );
             if c.members.len() != t.replication as usize {
                 return Err(MetaError::BadChange(format!("row {} needs {} members", c.row, t.replication)));
             }
-            let mut idx = Vec::with_capacity(c.members.len());
-            for id in &c.members {
-                let i = match t.member_index(*id) {
-                    Some(i) => i,
+            let mut index = |t: &mut Tlt, id: TsId| -> Result<u32, MetaError> {
+                affected.insert(id);
+                match t.member_index(id) {
+                    Some(i) => Ok(i),
                     None => {
-                        let Some(m) = members.get(id) else {
+                        let Some(m) = members.get(&id) else {
                             return Err(MetaError::BadChange(format!("tractserver {id} is not registered")));
                         };
-                        t.members.push(TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() });
-                        (t.members.len() - 1) as u32
+                        t.members.push(TltMember { id, addr: m.addr.clone(), domain: m.domain.clone() });
+                        Ok((t.members.len() - 1) as u32)
                     }
-                };
-                idx.push(i);
-                affected.insert(*id);
+                }
+            };
+            let mut idx = Vec::with_capacity(c.members.len());
+            for id in &c.members {
+                idx.push(index(&mut t, *id)?);
+            }
+            let mut pending = Vec::with_capacity(c.pending.len());
+            for (column, id) in &c.pending {
+                pending.push(Pending { column: *column, member: index(&mut t, *id)? });
             }
             let r = &mut t.rows[c.row];
             r.members = idx;
+            r.pending = pending;
+            // Only the row's holders can be filling it: a filling member
+            // replaced by a committed pending one leaves the row, and a
+            // mark it kept would wait forever for a report.
+            let c_filling: BTreeSet<TsId> = c
+                .filling
+                .iter()
+                .copied()
+                .filter(|id| c.members.contains(id) || c.pending.iter().any(|(_, p)| p == id))
+                .collect();
             if c.bump {
                 r.version = r.version.max(floors.get(&c.row).copied().unwrap_or(0)) + 1;
                 bumped.push((c.row, r.version));
             }
-            if c.filling.is_empty() {
+            if c_filling.is_empty() {
                 filling.remove(&c.row);
             } else {
-                filling.insert(c.row, c.filling.clone());
+                filling.insert(c.row, c_filling);
             }
         }
         t.version = t.version.max(tlt_floor) + 1;
@@ -718,16 +796,36 @@ impl MetaServer {
         // current assignment. It gets one in a table version above any
         // handed out before (`commit` with no row changes pushes it to every
         // unsettled member), so no older push still in flight can replace it.
+        // A member whose assignment lacks rows the table gives it (see
+        // `assignment_lacks_rows`) is given its assignment the same way.
+        // So is a member holding an assignment from a round this table never
+        // served (a predecessor's, reported after the rebuild): the versions
+        // it holds are raised above, so no (row, version) is handed out
+        // twice with different members.
         let stale: Vec<TsId> = {
-            let st = lock(&self.state);
-            members
-                .iter()
-                .filter(|(id, m)| {
-                    !st.dead.contains(id)
-                        && m.reported.as_ref().is_some_and(|a| assignment_is_stale(&cur, **id, a))
-                })
-                .map(|(id, _)| *id)
-                .collect()
+            let mut st = lock(&self.state);
+            let mut out = Vec::new();
+            for (id, m) in &members {
+                let none = Assignment { cluster_id: cur.cluster_id, ..Assignment::default() };
+                let out_of_step = match &m.reported {
+                    Some(a) if a.cluster_id == cur.cluster_id && a.tlt_version > cur.version => {
+                        st.tlt_version_floor = st.tlt_version_floor.max(a.tlt_version);
+                        for r in &a.rows {
+                            let f = st.row_version_floor.entry(r.row as usize).or_default();
+                            *f = (*f).max(r.version);
+                        }
+                        true
+                    }
+                    Some(a) => assignment_is_stale(&cur, *id, a) || assignment_lacks_rows(&cur, *id, a),
+                    // Never stored an assignment: one only if the table
+                    // names it (see `assignment_lacks_rows`).
+                    None => assignment_lacks_rows(&cur, *id, &none),
+                };
+                if out_of_step && !st.dead.contains(id) {
+                    out.push(*id);
+                }
+            }
+            out
         };
         let cur = if returned.is_empty() && stale.is_empty() {
             cur
@@ -750,7 +848,6 @@ impl MetaServer {
             t
         };
         let dead = lock(&self.state).dead.clone();
-
         let domain_of = |id: &TsId| -> String {
             members
                 .get(id)
@@ -787,14 +884,23 @@ impl MetaServer {
                 *sourcing.entry(*src).or_default() += 1;
             }
         }
+        // Members copying rows they are pending in are busy: they do not
+        // also take over for failed servers (FDS §3.4).
+        let growing: BTreeSet<TsId> = cur
+            .rows
+            .iter()
+            .flat_map(|r| r.pending.iter().map(|p| cur.members[p.member as usize].id))
+            .collect();
         let mut given: HashMap<TsId, usize> = HashMap::new();
         let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
         let mut changes = Vec::new();
         let mut stuck = 0usize;
         for (i, row) in cur.rows.iter().enumerate() {
             let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
+            let pend: Vec<(u8, TsId)> =
+                row.pending.iter().map(|p| (p.column, cur.members[p.member as usize].id)).collect();
             let fill = filling.get(&i).cloned().unwrap_or_default();
-            if !ids.iter().any(|id| dead.contains(id)) {
+            if !ids.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id)) {
                 // Newcomers that finished copying this version of the row:
                 // they say so, or they already hold an assignment that no
                 // longer has them filling it (a clearing round that reached
@@ -817,8 +923,18 @@ impl MetaServer {
                     })
                     .collect();
                 if !done.is_empty() {
+                    // A pending member that has copied the row takes its
+                    // column (the second phase of FDS §3.4): a new row
+                    // version, so clients stop writing to the member it
+                    // replaces, which may then free the row's tracts.
+                    let mut new_ids = ids.clone();
+                    for (col, id) in pend.iter().filter(|(_, id)| done.contains(id)) {
+                        new_ids[*col as usize] = *id;
+                    }
                     let rest: BTreeSet<TsId> = fill.difference(&done).copied().collect();
-                    changes.push(RowChange { row: i, members: ids, filling: rest, bump: false });
+                    let bump = new_ids != ids;
+                    let pending = pend.iter().copied().filter(|(_, id)| !done.contains(id)).collect();
+                    changes.push(RowChange { row: i, members: new_ids, filling: rest, pending, bump });
                 }
                 continue;
             }
@@ -833,8 +949,18 @@ impl MetaServer {
             }
             let mut new_ids = ids.clone();
             let mut new_fill: BTreeSet<TsId> = fill.iter().copied().filter(|id| !dead.contains(id)).collect();
+            // A dead pending member is dropped from the row (FDS §3.4).
+            let mut new_pend: Vec<(u8, TsId)> =
+                pend.iter().copied().filter(|(_, id)| !dead.contains(id)).collect();
             for col in 0..new_ids.len() {
                 if !dead.contains(&new_ids[col]) {
+                    continue;
+                }
+                // The column's pending member has been taking every write
+                // and copying the row: it takes the column now, still
+                // filling, instead of a newcomer starting from nothing.
+                if let Some(at) = new_pend.iter().position(|(c, _)| *c as usize == col) {
+                    new_ids[col] = new_pend.remove(at).1;
                     continue;
                 }
                 let taken: BTreeSet<String> = new_ids
@@ -846,7 +972,12 @@ impl MetaServer {
                 let cands: Vec<TsId> = live
                     .iter()
                     .copied()
-                    .filter(|id| !new_ids.contains(id) && !taken.contains(&domain_of(id)))
+                    .filter(|id| {
+                        !new_ids.contains(id)
+                            && !new_pend.iter().any(|(_, p)| p == id)
+                            && !growing.contains(id)
+                            && !taken.contains(&domain_of(id))
+                    })
                     .collect();
                 let load = |id: &TsId| {
                     let copying =
@@ -860,10 +991,40 @@ impl MetaServer {
                 new_fill.insert(pick);
                 *given.entry(pick).or_default() += 1;
             }
-            if new_ids != ids {
-                changes.push(RowChange { row: i, members: new_ids, filling: new_fill, bump: true });
+            if new_ids != ids || new_pend != pend {
+                changes.push(RowChange {
+                    row: i,
+                    members: new_ids,
+                    filling: new_fill,
+                    pending: new_pend,
+                    bump: true,
+                });
             } else {
                 stuck += 1;
+            }
+        }
+        // Growth (FDS §3.4), once no row names a dead member: live servers
+        // holding no position take their share of entries, pending first.
+        let degraded =
+            cur.rows.iter().any(|r| r.members.iter().any(|&m| dead.contains(&cur.members[m as usize].id)));
+        if changes.is_empty() && !degraded && self.cfg.grow {
+            let spares = crate::growth::spares(&cur, &live);
+            let moves = crate::growth::plan(&cur, &spares, &|id| domain_of(&id), &mut rng);
+            let mut by_row: BTreeMap<usize, Vec<crate::growth::Move>> = BTreeMap::new();
+            for mv in &moves {
+                by_row.entry(mv.row).or_default().push(*mv);
+            }
+            for (i, mvs) in by_row {
+                let row = &cur.rows[i];
+                let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
+                let mut pending: Vec<(u8, TsId)> =
+                    row.pending.iter().map(|p| (p.column, cur.members[p.member as usize].id)).collect();
+                let mut fill = filling.get(&i).cloned().unwrap_or_default();
+                for mv in mvs {
+                    pending.push((mv.column, mv.newcomer));
+                    fill.insert(mv.newcomer);
+                }
+                changes.push(RowChange { row: i, members: ids, filling: fill, pending, bump: true });
             }
         }
         if stuck > 0 {
@@ -880,14 +1041,44 @@ impl MetaServer {
         if changes.is_empty() {
             return Ok(());
         }
-        let moved = changes.iter().filter(|c| c.bump).count();
+        let before = |c: &RowChange| &cur.rows[c.row];
+        let grown = changes.iter().filter(|c| c.pending.len() > before(c).pending.len()).count();
+        let old_ids = |c: &RowChange| -> Vec<TsId> {
+            before(c).members.iter().map(|&m| cur.members[m as usize].id).collect()
+        };
+        let committed = changes
+            .iter()
+            .filter(|c| {
+                let old = old_ids(c);
+                c.members != old && !old.iter().any(|id| dead.contains(id))
+            })
+            .count();
         let t = self.commit(&cur, &changes).await?;
-        if moved > 0 {
-            tracing::info!(rows = moved, version = t.version, "re-replicating rows of dead tractservers");
+        let summary = [
+            (
+                changes.iter().filter(|c| c.bump).count() - grown - committed,
+                "re-replicating rows of dead tractservers",
+            ),
+            (changes.iter().filter(|c| !c.bump).count(), "rows fully replicated again"),
+            (grown, "rows given pending members (cluster growth)"),
+            (committed, "pending members committed: they replace their column's member"),
+        ];
+        for (rows, what) in summary.into_iter().filter(|(n, _)| *n > 0) {
+            tracing::info!(rows, version = t.version, "{what}");
         }
-        let filled = changes.len() - moved;
-        if filled > 0 {
-            tracing::info!(rows = filled, version = t.version, "rows fully replicated again");
+        if grown > 0 {
+            let ids: BTreeSet<TsId> = changes
+                .iter()
+                .flat_map(|c| c.pending.iter().map(|(_, id)| *id))
+                .filter(|id| {
+                    !cur.rows
+                        .iter()
+                        .any(|r| r.pending.iter().any(|p| cur.members[p.member as usize].id == *id))
+                })
+                .collect();
+            for id in ids {
+                tracing::info!(%id, "tractserver joined the TLT: copying its share of rows (pending)");
+            }
         }
         Ok(())
     }
@@ -1043,6 +1234,7 @@ impl Service for MetaServer {
         self: Arc<Self>,
         req: Request,
         _data: Bytes,
+        _caller: Caller,
     ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
         async move { (self.handle(req), Bytes::new()) }.boxed()
     }

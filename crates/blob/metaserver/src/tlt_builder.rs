@@ -572,7 +572,7 @@ mod tests {
                     .iter()
                     .map(|m| TltMember { id: m.id, addr: "h:1".into(), domain: m.domain.clone() })
                     .collect(),
-                rows: rows.into_iter().map(|members| TltRow { version: 1, members }).collect(),
+                rows: rows.into_iter().map(|members| TltRow::new(1, members)).collect(),
             };
             prop_assert_eq!(tlt.validate(), Ok(()));
         }

@@ -19,7 +19,7 @@ use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BLZD");
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 pub const HEADER_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(
             b[..28],
             [
-                0x42, 0x4c, 0x5a, 0x44, 2, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
+                0x42, 0x4c, 0x5a, 0x44, 3, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
                 0xef, 0xbe, 0xad, 0xde
             ]
         );

@@ -2,7 +2,7 @@
 //! same opcode, and its meta part starts with a status: 0 for success
 //! followed by the opcode's reply, or an [`ErrorReply`].
 
-use blizzard_core::tlt::{Tlt, TltMember, TltRow};
+use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 
 use crate::codec::{DecodeError, Reader, Wire, Writer};
@@ -13,6 +13,9 @@ use crate::wire_struct;
 #[repr(u16)]
 pub enum Opcode {
     Ping = 0x0001,
+    // First message on a client's connection: which session and epoch it
+    // belongs to (see `Request::Hello`).
+    Hello = 0x0002,
     // Tract data, served by every tractserver of a row.
     WriteTract = 0x0101,
     ReadTract = 0x0102,
@@ -47,8 +50,9 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 23] = [
+    pub const ALL: [Opcode; 24] = [
         Opcode::Ping,
+        Opcode::Hello,
         Opcode::WriteTract,
         Opcode::ReadTract,
         Opcode::DeleteTract,
@@ -133,12 +137,31 @@ pub struct AssignedRow {
     pub version: u64,
     /// All members of the row, primary first.
     pub members: Vec<TsId>,
-    /// Members that joined the row to replace a failed one and are still
-    /// copying its tracts from the others (FDS §3.2): they take writes but
-    /// serve a read only of a tract they have copied.
+    /// Members that joined the row to replace a failed one, or are pending,
+    /// and are still copying its tracts from the others (FDS §3.2): they
+    /// take writes but serve a read only of a tract they have copied.
     pub filling: Vec<TsId>,
+    /// Tractservers about to take over a column as the cluster grows (FDS
+    /// §3.4): they take writes (and are always filling) and replace the
+    /// column's member once they have copied the row.
+    pub pending: Vec<PendingMember>,
 }
-wire_struct!(AssignedRow { row: u32, version: u64, members: Vec<TsId>, filling: Vec<TsId> });
+wire_struct!(AssignedRow {
+    row: u32,
+    version: u64,
+    members: Vec<TsId>,
+    filling: Vec<TsId>,
+    pending: Vec<PendingMember>,
+});
+
+/// A pending TLT entry as a tractserver stores it: `id` will replace the
+/// row's member in `column`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingMember {
+    pub column: u8,
+    pub id: TsId,
+}
+wire_struct!(PendingMember { column: u8, id: TsId });
 
 /// A TLT row at a version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,7 +371,8 @@ impl ClusterStatus {
 }
 
 wire_struct!(TltMember { id: TsId, addr: String, domain: String });
-wire_struct!(TltRow { version: u64, members: Vec<u32> });
+wire_struct!(Pending { column: u8, member: u32 });
+wire_struct!(TltRow { version: u64, members: Vec<u32>, pending: Vec<Pending> });
 wire_struct!(Tlt {
     cluster_id: u128,
     tract_size: u32,
@@ -362,6 +386,16 @@ wire_struct!(Tlt {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     Ping,
+    /// Opens a connection of client session `session` (random per client)
+    /// at `epoch`, which the client raises whenever it reconnects to this
+    /// server after a failure. Once a server has seen an epoch, it applies
+    /// no further change arriving on an older connection of that session:
+    /// a request the client gave up on (and retried on a new connection)
+    /// that is delivered or resumed late cannot overwrite newer writes.
+    Hello {
+        session: u64,
+        epoch: u64,
+    },
     /// Write the frame's data at `offset` in the tract; `crcs` has one CRC32C
     /// per piece (see `blizzard_core::crc::pieces`).
     WriteTract {
@@ -476,6 +510,7 @@ impl Request {
     pub fn opcode(&self) -> Opcode {
         match self {
             Request::Ping => Opcode::Ping,
+            Request::Hello { .. } => Opcode::Hello,
             Request::WriteTract { .. } => Opcode::WriteTract,
             Request::ReadTract { .. } => Opcode::ReadTract,
             Request::DeleteTract { .. } => Opcode::DeleteTract,
@@ -509,6 +544,10 @@ impl Request {
             | Request::ClusterParams
             | Request::ListBlobs
             | Request::SyncDisk => {}
+            Request::Hello { session, epoch } => {
+                session.put(&mut w);
+                epoch.put(&mut w);
+            }
             Request::WriteTract { addr, offset, crcs } | Request::WriteTractCached { addr, offset, crcs } => {
                 addr.put(&mut w);
                 offset.put(&mut w);
@@ -576,6 +615,7 @@ impl Request {
         let r = &mut r;
         let req = match op {
             Opcode::Ping => Request::Ping,
+            Opcode::Hello => Request::Hello { session: Wire::get(r)?, epoch: Wire::get(r)? },
             Opcode::ClusterStatus => Request::ClusterStatus,
             Opcode::ClusterParams => Request::ClusterParams,
             Opcode::ListBlobs => Request::ListBlobs,
@@ -834,6 +874,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
         STATUS_ERR => Err(ErrorReply::get(r)?),
         STATUS_OK => Ok(match op {
             Opcode::Ping
+            | Opcode::Hello
             | Opcode::WriteTract
             | Opcode::DeleteTract
             | Opcode::TrimTract
@@ -900,11 +941,13 @@ mod tests {
                 row: 3,
                 version: 2,
                 members: vec![TsId(1), TsId(2), TsId(3)],
-                filling: vec![TsId(3)],
+                filling: vec![TsId(3), TsId(4)],
+                pending: vec![PendingMember { column: 1, id: TsId(4) }],
             }],
         };
         vec![
             Request::Ping,
+            Request::Hello { session: 0x1234_5678, epoch: 3 },
             Request::WriteTract { addr: addr(), offset: 1, crcs: vec![1, 2] },
             Request::ReadTract { addr: addr(), offset: 7, len: 100 },
             Request::DeleteTract { addr: addr() },
@@ -985,8 +1028,15 @@ mod tests {
             tract_size: 4096,
             replication: 1,
             version: 2,
-            members: vec![TltMember { id: TsId(1), addr: "a:1".into(), domain: "d".into() }],
-            rows: vec![TltRow { version: 1, members: vec![0] }],
+            members: vec![
+                TltMember { id: TsId(1), addr: "a:1".into(), domain: "d".into() },
+                TltMember { id: TsId(2), addr: "b:1".into(), domain: "e".into() },
+            ],
+            rows: vec![TltRow {
+                version: 1,
+                members: vec![0],
+                pending: vec![Pending { column: 0, member: 1 }],
+            }],
         };
         let cases = vec![
             (Opcode::Ping, Ok(Reply::Done)),

@@ -22,14 +22,18 @@ use blizzard_proto::{
 };
 
 use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError, READ_BUFFER};
+use crate::session::{Caller, Sessions};
 
 /// A request handler. Each call runs as its own task.
 pub trait Service: Send + Sync + 'static {
-    /// Handles one request; returns the reply and its data part.
+    /// Handles one request; returns the reply and its data part. `caller`
+    /// says whether the connection it came on is still its client's newest
+    /// (see `session`): a change must not be applied otherwise.
     fn call(
         self: Arc<Self>,
         req: Request,
         data: Bytes,
+        caller: Caller,
     ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)>;
 }
 
@@ -120,6 +124,7 @@ pub async fn serve(
     limits: ServerLimits,
     mut shutdown: Shutdown,
 ) {
+    let sessions = Arc::new(Sessions::default());
     loop {
         let accepted = tokio::select! {
             biased;
@@ -135,6 +140,7 @@ pub async fn serve(
                     service.clone(),
                     limits.clone(),
                     shutdown.clone(),
+                    sessions.clone(),
                 ));
             }
             Err(e) => {
@@ -175,8 +181,11 @@ pub async fn serve_conn(
     service: Arc<dyn Service>,
     limits: ServerLimits,
     mut shutdown: Shutdown,
+    sessions: Arc<Sessions>,
 ) {
     let (rd, wr) = tokio::io::split(stream);
+    // Set by the connection's `Hello`, if it sends one.
+    let mut session: Option<(u64, u64)> = None;
     // Buffered: a small request's header, meta and data arrive in one
     // read system call instead of three.
     let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
@@ -252,6 +261,14 @@ pub async fn serve_conn(
                 continue;
             }
         };
+        // Handled here, in order: every later request on this connection
+        // runs under the epoch it names.
+        if let Request::Hello { session: s, epoch } = req {
+            sessions.hello(s, epoch);
+            session = Some((s, epoch));
+            let _ = tx.send(reply_frame(id, opcode, &Ok(Reply::Done), Bytes::new())).await;
+            continue;
+        }
         // A read's reply will hold `len` bytes; reserve them before running it.
         let reply_bytes = match &req {
             Request::ReadTract { len, .. } => (*len).min(FRAME_DATA_MAX),
@@ -262,8 +279,9 @@ pub async fn serve_conn(
         };
         let tx = tx.clone();
         let service = service.clone();
+        let caller = Caller::new(session, sessions.clone());
         tokio::spawn(async move {
-            let (res, data) = service.call(req, frame.data).await;
+            let (res, data) = service.call(req, frame.data, caller).await;
             let _ = tx.send(reply_frame(id, opcode, &res, data)).await;
             drop((req_permit, frame_permit, reply_permit));
         });

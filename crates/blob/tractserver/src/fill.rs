@@ -328,6 +328,7 @@ impl TractService {
                     data,
                     crcs,
                     Durability::Cached,
+                    crate::store::ALWAYS,
                 )
                 .await
                 .map_err(store_err)?;
@@ -493,6 +494,7 @@ impl TractService {
         if let Some(e) = results.into_iter().find_map(|r| r.err()) {
             return Err(e);
         }
+        self.purge_uncopied(row).await?;
         let mut rows = lock(&self.fills.rows);
         let Some(f) = rows.get_mut(&row) else { return Ok(()) };
         // Listed under another version: the row changed meanwhile (a source
@@ -505,6 +507,47 @@ impl TractService {
         let bytes_all_rows = self.fills.bytes_done.load(Ordering::Relaxed) - bytes_before;
         let secs = self.env.now().duration_since(started).as_secs_f64();
         tracing::info!(row, version, tracts = tracts.len(), bytes_all_rows, secs, "row copied");
+        Ok(())
+    }
+
+    /// Frees every tract of `row` held here that was neither copied nor
+    /// written since this server joined the row: the source did not list
+    /// it, so it is left from long ago (this server held the row before it
+    /// was declared dead, or before its copy of the row was cut off) and
+    /// may hold bytes since trimmed or deleted. Once the row is complete,
+    /// reads are served without asking whether a tract was copied, so such
+    /// a tract must not outlive the fill.
+    async fn purge_uncopied(&self, row: u32) -> Result<(), ErrorReply> {
+        let len = self.tlt_len();
+        let stale: Vec<(BlobId, TractNo)> = self
+            .store
+            .tracts()
+            .into_iter()
+            .filter(|(b, t)| len > 0 && locator(*b, *t, len) as u32 == row)
+            .filter(|k| self.copy_pending(k.0, k.1).is_some())
+            .collect();
+        for key in stale {
+            let l = self.fills.tract_lock(key);
+            let r = {
+                let _g = l.lock().await;
+                // A write may have copied it meanwhile (under this lock).
+                match self.copy_pending(key.0, key.1) {
+                    None => Ok(()),
+                    Some(_) => match self.store.incarnation_of(key.0, key.1).await {
+                        Some(inc) => {
+                            tracing::info!(blob = %key.0, tract = %key.1, row, "freeing a stale tract the source does not hold");
+                            if key.1.is_meta() {
+                                self.forget_meta(key.0);
+                            }
+                            self.store.delete(key.0, inc, key.1).await.map(|_| ()).map_err(store_err)
+                        }
+                        None => Ok(()),
+                    },
+                }
+            };
+            self.fills.release_lock(key, &l);
+            r?;
+        }
         Ok(())
     }
 

@@ -26,7 +26,8 @@ use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZTRACT";
 /// 2: chunk entries keep the previous CRC (16 bytes each).
 /// 3: the positions record names each row's filling members.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: and its pending members (cluster growth, FDS §3.4).
+pub const FORMAT_VERSION: u32 = 4;
 pub const SUPERBLOCK_LEN: u64 = 4096;
 pub const POSITIONS_SLOT_LEN: u64 = 1 << 20;
 pub const SLOT_ENTRY_LEN: u64 = 64;

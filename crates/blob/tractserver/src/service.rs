@@ -25,7 +25,7 @@ use blizzard_proto::codec::{decode, encode};
 use blizzard_proto::{
     Assignment, BlobMeta, ErrorCode, ErrorReply, ExtendMode, Opcode, Reply, Request, TractAddr,
 };
-use blizzard_rpc::{RpcConn, RpcError, Service};
+use blizzard_rpc::{Caller, RpcConn, RpcError, Service};
 
 use crate::store::{Durability, Store, StoreError};
 
@@ -36,8 +36,20 @@ pub const BLOB_TRACTS_MAX: u64 = 1 << 40;
 #[derive(Clone, Debug, Default)]
 pub struct RowIndex {
     pub assignment: Assignment,
-    /// row → (version, this server's column, members, members filling)
-    rows: HashMap<u32, (u64, usize, Vec<TsId>, Vec<TsId>)>,
+    rows: HashMap<u32, HeldRow>,
+}
+
+/// One row this server holds, as a member or as a pending member.
+#[derive(Clone, Debug)]
+struct HeldRow {
+    version: u64,
+    /// This server is the row's primary (column 0; never a pending member).
+    primary: bool,
+    members: Vec<TsId>,
+    filling: Vec<TsId>,
+    /// Every server holding the row: its members, then its pending
+    /// members. Blob metadata changes reach all of them.
+    holders: Vec<TsId>,
 }
 
 impl RowIndex {
@@ -46,8 +58,21 @@ impl RowIndex {
             .rows
             .iter()
             .filter_map(|r| {
-                let col = r.members.iter().position(|m| *m == me)?;
-                Some((r.row, (r.version, col, r.members.clone(), r.filling.clone())))
+                let col = r.members.iter().position(|m| *m == me);
+                if col.is_none() && !r.pending.iter().any(|p| p.id == me) {
+                    return None;
+                }
+                let holders = r.members.iter().copied().chain(r.pending.iter().map(|p| p.id)).collect();
+                Some((
+                    r.row,
+                    HeldRow {
+                        version: r.version,
+                        primary: col == Some(0),
+                        members: r.members.clone(),
+                        filling: r.filling.clone(),
+                        holders,
+                    },
+                ))
             })
             .collect();
         RowIndex { assignment, rows }
@@ -58,47 +83,52 @@ impl RowIndex {
     /// it has copied the whole row, `self_complete`), so every blob is
     /// listed by at least one server while a newcomer copies the row.
     fn lists_row(&self, me: TsId, row: u32, self_complete: bool) -> bool {
-        let Some((_, _, members, filling)) = self.rows.get(&row) else { return false };
-        let first = members.iter().find(|m| !filling.contains(m) || (**m == me && self_complete));
+        let Some(h) = self.rows.get(&row) else { return false };
+        let first = h.members.iter().find(|m| !h.filling.contains(m) || (**m == me && self_complete));
         first == Some(&me)
     }
 
-    /// Checks that this server holds `row` at `version`.
+    /// Checks that this server holds `row` at `version`; returns the row's
+    /// members still copying it.
     fn check_row(&self, row: u32, version: u64) -> Result<&[TsId], ErrorReply> {
         match self.rows.get(&row) {
-            Some((v, _, _, filling)) if *v == version => Ok(filling),
-            Some((v, _, _, _)) => Err(ErrorReply {
+            Some(h) if h.version == version => Ok(&h.filling),
+            Some(h) => Err(ErrorReply {
                 code: ErrorCode::StaleVersion,
-                current_version: *v,
-                message: format!("row {row} is at version {v}, request used {version}"),
+                current_version: h.version,
+                message: format!("row {row} is at version {}, request used {version}", h.version),
             }),
             None => Err(ErrorReply::new(ErrorCode::NotOwner, format!("row {row} is not served here"))),
         }
     }
 
     /// Checks that `tract` of `blob` maps to a row this server holds at
-    /// `version`; returns its column and the row's members.
-    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(usize, &[TsId]), ErrorReply> {
+    /// `version`; returns whether this server is the row's primary, and
+    /// every server holding the row.
+    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(bool, &[TsId]), ErrorReply> {
         let len = self.assignment.tlt_len as usize;
         if len == 0 {
             return Err(ErrorReply::new(ErrorCode::NotReady, "this tractserver has no TLT assignment yet"));
         }
         let row = locator(blob, tract, len) as u32;
-        let Some((v, col, members, _)) = self.rows.get(&row) else {
+        let Some(h) = self.rows.get(&row) else {
             return Err(ErrorReply {
                 code: ErrorCode::NotOwner,
                 current_version: 0,
                 message: format!("row {row} is not served here; refresh the TLT"),
             });
         };
-        if *v != version {
+        if h.version != version {
             return Err(ErrorReply {
                 code: ErrorCode::StaleVersion,
-                current_version: *v,
-                message: format!("row {row} is at version {v}, request used {version}; refresh the TLT"),
+                current_version: h.version,
+                message: format!(
+                    "row {row} is at version {}, request used {version}; refresh the TLT",
+                    h.version
+                ),
             });
         }
-        Ok((*col, members))
+        Ok((h.primary, &h.holders))
     }
 }
 
@@ -172,6 +202,7 @@ pub(crate) fn store_err(e: StoreError) -> ErrorReply {
         StoreError::Corrupt { .. } => ErrorCode::Corrupt,
         StoreError::DiskFull(_) => ErrorCode::DiskFull,
         StoreError::Io(_) | StoreError::Failed | StoreError::Layout(_) => ErrorCode::Io,
+        StoreError::Superseded => ErrorCode::Aborted,
     };
     ErrorReply::new(code, e.to_string())
 }
@@ -311,7 +342,7 @@ impl TractService {
         }
     }
 
-    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(usize, Vec<TsId>), ErrorReply> {
+    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(bool, Vec<TsId>), ErrorReply> {
         self.check_serving()?;
         let g = match self.rows.read() {
             Ok(g) => g,
@@ -385,10 +416,17 @@ impl TractService {
         }
     }
 
-    async fn handle(self: Arc<Self>, req: Request, data: Bytes) -> (Result<Reply, ErrorReply>, Bytes) {
+    async fn handle(
+        self: Arc<Self>,
+        req: Request,
+        data: Bytes,
+        caller: Caller,
+    ) -> (Result<Reply, ErrorReply>, Bytes) {
         let op = req.opcode();
         match req {
-            Request::Ping => (Ok(Reply::Done), Bytes::new()),
+            // The connection handles its own `Hello`; one reaching here is
+            // harmless.
+            Request::Ping | Request::Hello { .. } => (Ok(Reply::Done), Bytes::new()),
             Request::WriteTract { addr, offset, crcs } | Request::WriteTractCached { addr, offset, crcs } => {
                 if let Err(e) = self.data_check(&addr) {
                     return (Err(e), Bytes::new());
@@ -413,6 +451,7 @@ impl TractService {
                         data,
                         &crcs,
                         durable,
+                        &|| caller.is_current(),
                     )
                     .await;
                 (r.map(|_| reply).map_err(store_err), Bytes::new())
@@ -441,7 +480,10 @@ impl TractService {
                 if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
                     return (Err(e), Bytes::new());
                 }
-                let r = self.store.delete(addr.blob, addr.incarnation, addr.tract).await;
+                let r = self
+                    .store
+                    .delete_if(addr.blob, addr.incarnation, addr.tract, &|| caller.is_current())
+                    .await;
                 (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
             }
             Request::MappedTract { addr } => {
@@ -461,7 +503,10 @@ impl TractService {
                 if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
                     return (Err(e), Bytes::new());
                 }
-                let r = self.store.trim(addr.blob, addr.incarnation, addr.tract, offset, len).await;
+                let r = self
+                    .store
+                    .trim(addr.blob, addr.incarnation, addr.tract, offset, len, &|| caller.is_current())
+                    .await;
                 (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
             }
             Request::ListBlobs => {
@@ -489,8 +534,8 @@ impl TractService {
                 if let Err(e) = self.ensure_copied(blob, TractNo::META).await {
                     return (Err(e), Bytes::new());
                 }
-                let r = self.check(blob, TractNo::META, row_version).and_then(|(col, _)| {
-                    if col != 0 {
+                let r = self.check(blob, TractNo::META, row_version).and_then(|(primary, _)| {
+                    if !primary {
                         return Err(not_primary(blob));
                     }
                     lock(&self.metas).get(&blob).copied().map(Reply::Blob).ok_or_else(|| {
@@ -514,14 +559,16 @@ impl TractService {
                 (r, Bytes::new())
             }
             Request::CreateBlob { blob, row_version, incarnation, replication } => (
-                self.meta_change(blob, row_version, MetaOp::Create { incarnation, replication }).await,
+                self.meta_change(blob, row_version, MetaOp::Create { incarnation, replication }, &caller)
+                    .await,
                 Bytes::new(),
             ),
-            Request::ExtendBlob { blob, row_version, mode, tracts } => {
-                (self.meta_change(blob, row_version, MetaOp::Extend { mode, tracts }).await, Bytes::new())
-            }
+            Request::ExtendBlob { blob, row_version, mode, tracts } => (
+                self.meta_change(blob, row_version, MetaOp::Extend { mode, tracts }, &caller).await,
+                Bytes::new(),
+            ),
             Request::DeleteBlob { blob, row_version } => {
-                (self.meta_change(blob, row_version, MetaOp::Delete).await, Bytes::new())
+                (self.meta_change(blob, row_version, MetaOp::Delete, &caller).await, Bytes::new())
             }
             Request::MetaPrepare { blob, row_version, txn, expected_version, new } => {
                 let r = self.check(blob, TractNo::META, row_version).map(|_| {
@@ -665,11 +712,24 @@ impl TractService {
 
     /// A metadata change at the primary: serialize, prepare everywhere,
     /// commit here, commit everywhere.
-    async fn meta_change(&self, blob: BlobId, row_version: u64, op: MetaOp) -> Result<Reply, ErrorReply> {
+    async fn meta_change(
+        &self,
+        blob: BlobId,
+        row_version: u64,
+        op: MetaOp,
+        caller: &Caller,
+    ) -> Result<Reply, ErrorReply> {
         let blob_lock = self.blob_lock(blob);
         let result = {
             let _serial = blob_lock.lock().await;
-            self.meta_change_serialized(blob, row_version, op).await
+            // Under the blob's lock, which orders every change to it: a
+            // create or delete the client has retried elsewhere since is
+            // not applied after what followed it.
+            if caller.is_current() {
+                self.meta_change_serialized(blob, row_version, op).await
+            } else {
+                Err(store_err(StoreError::Superseded))
+            }
         };
         // Forget the lock once nobody else holds or waits for it, so the
         // map does not grow with every blob ever touched.
@@ -687,8 +747,8 @@ impl TractService {
         op: MetaOp,
     ) -> Result<Reply, ErrorReply> {
         // Checked under the blob's lock: the row may have moved while we waited.
-        let (col, members) = self.check(blob, TractNo::META, row_version)?;
-        if col != 0 {
+        let (primary, holders) = self.check(blob, TractNo::META, row_version)?;
+        if !primary {
             return Err(not_primary(blob));
         }
         self.ensure_copied(blob, TractNo::META).await?;
@@ -731,7 +791,9 @@ impl TractService {
         let expected_version = cur.map(|c| c.version).unwrap_or(0);
         let txn = self.env.random_u64();
         let me = self.store.disk_id();
-        let others: Vec<TsId> = members.into_iter().filter(|m| *m != me).collect();
+        // Pending members (cluster growth) too: they must hold the blob's
+        // metadata when they take over their column.
+        let others: Vec<TsId> = holders.into_iter().filter(|m| *m != me).collect();
 
         // Phase one: every other replica must accept before anything changes.
         let prepare = Request::MetaPrepare { blob, row_version, txn, expected_version, new };
@@ -857,10 +919,16 @@ impl Service for TractService {
         self: Arc<Self>,
         req: Request,
         data: Bytes,
+        caller: Caller,
     ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
         async move {
             self.inflight.fetch_add(1, Ordering::Relaxed);
-            let r = self.clone().handle(req, data).await;
+            let caller = if self.store.planted(crate::store::PlantedBug::NoFence) {
+                Caller::internal()
+            } else {
+                caller
+            };
+            let r = self.clone().handle(req, data, caller).await;
             self.inflight.fetch_sub(1, Ordering::Relaxed);
             r
         }

@@ -74,7 +74,19 @@ pub enum StoreError {
     DiskFull(u32),
     #[error("the disk failed an earlier fdatasync and is no longer trusted; replace it")]
     Failed,
+    #[error(
+        "not applied: the client has reconnected since sending this request; retry on the new connection"
+    )]
+    Superseded,
 }
+
+/// Asked under a tract's slot lock, just before a change is applied:
+/// whether the request is still its client's newest (`blizzard_rpc::Caller`).
+/// Asking there orders the answer against every later change to the tract.
+pub type Current<'a> = &'a (dyn Fn() -> bool + Send + Sync);
+
+/// For changes made by the server itself.
+pub const ALWAYS: Current<'static> = &|| true;
 
 /// Counters for status and tests.
 #[derive(Default)]
@@ -124,6 +136,9 @@ pub enum PlantedBug {
     AckBeforeSync,
     /// A newcomer counts a tract as copied without copying it.
     SkipCopy,
+    /// Apply changes from connections their client has replaced (no
+    /// session fencing, `blizzard_rpc::Caller`).
+    NoFence,
 }
 
 /// Tract writes handed to the disk at once. Buffered writes to one file
@@ -474,7 +489,8 @@ impl Store {
         data: Bytes,
         crcs: &[u32],
     ) -> Result<(), StoreError> {
-        self.write_with(blob, incarnation, tract, version, offset, data, crcs, Durability::Synced).await
+        self.write_with(blob, incarnation, tract, version, offset, data, crcs, Durability::Synced, ALWAYS)
+            .await
     }
 
     /// Makes every write applied so far durable (one group commit).
@@ -499,6 +515,7 @@ impl Store {
         data: Bytes,
         crcs: &[u32],
         durability: Durability,
+        current: Current<'_>,
     ) -> Result<(), StoreError> {
         if self.commit.failed() {
             return Err(StoreError::Failed);
@@ -513,6 +530,11 @@ impl Store {
         }
 
         let (slot, mut g, fresh) = self.lock_slot_for_write(blob, tract, incarnation, version).await?;
+        if !current() {
+            // A slot taken for this write stays allocated but empty, as if
+            // the write had been cut off before its data.
+            return Err(StoreError::Superseded);
+        }
         let mut entry_dirty = fresh;
         if g.entry.incarnation != incarnation {
             // A new life of this blob id: everything stored before is void.
@@ -799,6 +821,7 @@ impl Store {
         tract: TractNo,
         offset: u32,
         len: u32,
+        current: Current<'_>,
     ) -> Result<(), StoreError> {
         if self.commit.failed() {
             return Err(StoreError::Failed);
@@ -811,6 +834,9 @@ impl Store {
             return Ok(());
         };
         let mut g = cell.write().await;
+        if !current() {
+            return Err(StoreError::Superseded);
+        }
         if !(g.entry.used
             && g.entry.blob == blob
             && g.entry.tract == tract
@@ -885,6 +911,17 @@ impl Store {
         incarnation: Incarnation,
         tract: TractNo,
     ) -> Result<bool, StoreError> {
+        self.delete_if(blob, incarnation, tract, ALWAYS).await
+    }
+
+    /// [`Store::delete`], applied only if `current` says so under the lock.
+    pub async fn delete_if(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        current: Current<'_>,
+    ) -> Result<bool, StoreError> {
         if self.commit.failed() {
             return Err(StoreError::Failed);
         }
@@ -895,6 +932,9 @@ impl Store {
             return Ok(false);
         };
         let mut g = cell.write().await;
+        if !current() {
+            return Err(StoreError::Superseded);
+        }
         if !(g.entry.used
             && g.entry.blob == blob
             && g.entry.tract == tract
@@ -1216,7 +1256,7 @@ mod tests {
         let s = fresh(&dir, 16 << 20).await?;
         let d = pattern(3, TRACT as usize);
         put(&s, 1, 1, 0, 0, &d).await?;
-        s.trim(BlobId(1), 1, TractNo(0), 1000, 10000).await?;
+        s.trim(BlobId(1), 1, TractNo(0), 1000, 10000, ALWAYS).await?;
         let mut model = d.to_vec();
         model[1000..11000].fill(0);
         assert_eq!(&get(&s, 1, 1, 0, 0, TRACT).await?[..], &model[..]);
@@ -1224,11 +1264,11 @@ mod tests {
         drop(s);
         let s = reopen(&dir).await?;
         assert_eq!(&get(&s, 1, 1, 0, 0, TRACT).await?[..], &model[..]);
-        s.trim(BlobId(1), 1, TractNo(0), 0, TRACT).await?;
+        s.trim(BlobId(1), 1, TractNo(0), 0, TRACT, ALWAYS).await?;
         assert_eq!(s.usage().1, 0);
         assert!(get(&s, 1, 1, 0, 0, TRACT).await?.iter().all(|&b| b == 0));
         // Trimming what was never written is a no-op, not an error.
-        s.trim(BlobId(9), 1, TractNo(4), 0, 100).await?;
+        s.trim(BlobId(9), 1, TractNo(4), 0, 100, ALWAYS).await?;
         Ok(())
     }
 
