@@ -9,7 +9,9 @@
 //! bytes. [`GhostStream`] injects exactly that: when a client drops a
 //! connection that opened with `Hello`, it may (drawn from the seed) open a
 //! fresh one later, 50 ms to 3 s on, and deliver the old connection's
-//! `Hello` and its last request again, as the old connection would have.
+//! `Hello` and its last request again, as the old connection would have,
+//! unless the server host crashed meanwhile: a crash resets its
+//! connections, so nothing sent on them reaches the next incarnation.
 //! The tractservers must refuse it (`blizzard_rpc::Caller`), or the
 //! oracle sees acknowledged data replaced by older data.
 
@@ -37,19 +39,39 @@ pub struct Ghosts {
     one_in: u32,
     /// Ghosts delivered so far (for the report).
     pub sent: Arc<std::sync::atomic::AtomicU64>,
+    /// Crashes per host, kept by the harness (`crashed`).
+    lives: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
 }
 
 impl Ghosts {
     pub fn new(rng: SmallRng, one_in: u32) -> Ghosts {
-        Ghosts { rng: Arc::new(Mutex::new(rng)), one_in: one_in.max(1), sent: Arc::default() }
+        Ghosts {
+            rng: Arc::new(Mutex::new(rng)),
+            one_in: one_in.max(1),
+            sent: Arc::default(),
+            lives: Arc::default(),
+        }
+    }
+
+    /// The harness crashed (or restarted) `host`: connections to it are gone.
+    pub fn crashed(&self, host: &str) {
+        *lock(&self.lives).entry(host.to_string()).or_default() += 1;
+    }
+
+    fn life(&self, addr: &str) -> u64 {
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+        lock(&self.lives).get(host).copied().unwrap_or(0)
     }
 
     fn draw<T>(&self, f: impl FnOnce(&mut SmallRng) -> T) -> T {
-        let mut g = match self.rng.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        f(&mut g)
+        f(&mut lock(&self.rng))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -58,6 +80,8 @@ pub struct GhostStream {
     inner: TcpStream,
     addr: String,
     ghosts: Ghosts,
+    /// The server host's incarnation when this connection was made.
+    life: u64,
     /// Bytes written, not yet cut into frames.
     pending: Vec<u8>,
     hello: Option<Vec<u8>>,
@@ -68,7 +92,8 @@ pub struct GhostStream {
 
 impl GhostStream {
     pub fn new(inner: TcpStream, addr: String, ghosts: Ghosts) -> GhostStream {
-        GhostStream { inner, addr, ghosts, pending: Vec::new(), hello: None, last: None, off: false }
+        let life = ghosts.life(&addr);
+        GhostStream { inner, addr, ghosts, life, pending: Vec::new(), hello: None, last: None, off: false }
     }
 
     fn tap(&mut self, b: &[u8]) {
@@ -119,14 +144,17 @@ impl Drop for GhostStream {
         let delay = Duration::from_millis(self.ghosts.draw(|r| r.random_range(50..3000)));
         // Only from inside the host's runtime (not while it is torn down).
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        let (addr, sent) = (self.addr.clone(), self.ghosts.sent.clone());
+        let (addr, ghosts, life) = (self.addr.clone(), self.ghosts.clone(), self.life);
         rt.spawn(async move {
             tokio::time::sleep(delay).await;
+            if ghosts.life(&addr) != life {
+                return;
+            }
             let Ok(mut s) = TcpStream::connect(addr.as_str()).await else { return };
             if s.write_all(&hello).await.is_err() || s.write_all(&last).await.is_err() {
                 return;
             }
-            sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ghosts.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // Read (and drop) the replies until the server is done with it.
             let mut buf = [0u8; 4096];
             let _ = tokio::time::timeout(Duration::from_secs(5), async {

@@ -26,8 +26,9 @@ fn run(args: &[&str]) -> (bool, String) {
 /// acknowledged byte is lost or corrupted through crashes, restarts and
 /// cut, one-way and held links,
 /// tractservers down longer than `dead_after` are re-replicated, two that
-/// join mid-run take their share of the table, and once faults stop every
-/// row is whole again with every replica exact.
+/// join mid-run take their share of the table, late duplicates of requests
+/// are refused, and once faults stop every row is whole again (a flipped
+/// bit repaired by the scrubber) with every replica exact.
 #[test]
 fn three_way_seeds_keep_every_acknowledged_write() {
     let n = seeds().to_string();
@@ -37,6 +38,7 @@ fn three_way_seeds_keep_every_acknowledged_write() {
     assert!(out.contains("violations=0"));
     assert!(!out.contains("rows_grown=0"), "no tractserver ever joined: growth went untested\n{out}");
     assert!(!out.contains(" duplicates=0"), "no request was ever duplicated\n{out}");
+    assert!(!out.contains(" bit_flips=0"), "no bit was ever flipped: rot went untested\n{out}");
     assert!(
         !out.contains("tractserver_crashes=0 "),
         "no tractserver ever crashed: the run proves nothing\n{out}"

@@ -102,7 +102,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} rows_grown={} duplicates={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -112,6 +112,7 @@ fn main() -> ExitCode {
                     r.rows_refilled,
                     r.rows_grown,
                     r.duplicates,
+                    r.bit_flips,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -132,8 +133,8 @@ fn main() -> ExitCode {
     };
     let seeds: Vec<u64> = (a.first..a.first + a.seeds).collect();
     let mut failed = Vec::new();
-    let (mut acked, mut crashes, mut restarts, mut refilled, mut links, mut grown, mut dups) =
-        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut acked, mut crashes, mut restarts, mut refilled, mut links, mut grown, mut dups, mut flips) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
     for batch in seeds.chunks(a.jobs) {
         // Start the whole batch, then collect: `jobs` seeds run at once.
         let children: Vec<_> = batch
@@ -166,6 +167,7 @@ fn main() -> ExitCode {
                     links += field("link_faults=");
                     grown += field("rows_grown=");
                     dups += field("duplicates=");
+                    flips += field("bit_flips=");
                 }
                 Ok(o) => {
                     println!("{}", String::from_utf8_lossy(&o.stdout));
@@ -180,7 +182,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups}",
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups} bit_flips={flips}",
         seeds.len(),
         failed.len()
     );

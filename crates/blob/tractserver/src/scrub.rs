@@ -13,16 +13,21 @@
 //! incarnation of a blob id), asked of the blob's metadata primary; and
 //! tracts of rows this server no longer holds (a server declared dead that
 //! came back keeps what it had). A tract is freed only after two passes in
-//! a row found it orphaned the same way, never on an unclear answer. Rows
-//! leave a live server's assignment only when it was declared dead, and it
-//! gets that assignment only from a table already served, so a row it
-//! lost is not coming back with these tracts expected in it.
+//! a row found it orphaned the same way, never on an unclear answer, and a
+//! row counts as left only when neither this server's assignment nor the
+//! served TLT gives it the row (a change round that failed part-way can
+//! take a row out of the assignment of a live server, a replaced member of
+//! a pending entry, that the served table still has it in).
 //!
 //! A repair is safe against concurrent writes because `Store::repair_chunk`
 //! takes the tract's slot lock and installs only bytes whose CRC the
 //! chunk's entry expects: a replica that already holds a newer write (not
 //! yet here) is not used, and a chunk rewritten since the damage was found
-//! is left alone.
+//! is left alone. It takes the chunk's current contents; only a chunk that
+//! no replica could repair on an earlier pass may take the contents from
+//! before its latest write (which the entry also accepts, for a write cut
+//! off by a crash): that write then reached no other replica in a whole
+//! pass, so it was never acknowledged.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -54,6 +59,8 @@ pub struct ScrubStats {
     pub orphans_freed: AtomicU64,
     /// Tracts found orphaned on the last pass: freed if found so again.
     suspects: std::sync::Mutex<std::collections::HashMap<(BlobId, TractNo), Incarnation>>,
+    /// Damaged chunks no replica could repair on an earlier pass.
+    unrepairable: std::sync::Mutex<std::collections::HashSet<(BlobId, TractNo, u32)>>,
 }
 
 impl TractService {
@@ -96,12 +103,24 @@ impl TractService {
             return;
         }
         let Some(inc) = self.store.incarnation_of(blob, tract).await else { return };
-        let rows = self.row_index();
-        let len = rows.assignment.tlt_len as usize;
-        let not_mine = len > 0 && {
-            let row = locator(blob, tract, len) as u32;
-            !rows.assignment.rows.iter().any(|r| r.row == row)
-        };
+        let me = self.store.disk_id();
+        let len = self.row_index().assignment.tlt_len as usize;
+        let row = locator(blob, tract, len.max(1)) as u32;
+        let held = |svc: &Self| svc.row_index().assignment.rows.iter().any(|r| r.row == row);
+        // Not ours: neither this server's assignment nor the table clients
+        // are served gives it the row. The assignment alone is not enough:
+        // a change round that failed part-way (a pending member's commit,
+        // say) can leave it without a row the served table still has it in,
+        // and the next round gives the row back.
+        let not_mine = len > 0
+            && !held(self)
+            && tlt.is_some_and(|t| {
+                t.rows.len() == len
+                    && !t.member_index(me).is_some_and(|i| {
+                        let r = &t.rows[row as usize];
+                        r.members.contains(&i) || r.pending.iter().any(|p| p.member == i)
+                    })
+            });
         if let Some(tlt) = tlt {
             if not_mine || self.blob_exists(tlt, blob, inc).await == Some(false) {
                 let before = self
@@ -111,7 +130,10 @@ impl TractService {
                     .unwrap_or_else(|p| p.into_inner())
                     .get(&(blob, tract))
                     .copied();
-                if before == Some(inc) {
+                // Asked again just before: the row may have come back (as
+                // a pending entry, say) since the pass began.
+                let still = !not_mine || (!held(self) && self.copy_pending(blob, tract).is_none());
+                if before == Some(inc) && still {
                     if let Ok(true) = self.store.delete(blob, inc, tract).await {
                         if tract.is_meta() {
                             self.forget_meta(blob);
@@ -138,10 +160,15 @@ impl TractService {
                 Ok(_) => c += len / CHUNK_SIZE,
                 Err(StoreError::Corrupt { chunk, .. }) => {
                     self.scrub.damaged.fetch_add(1, Ordering::Relaxed);
-                    if self.repair(blob, inc, tract, chunk).await {
+                    let key = (blob, tract, chunk);
+                    let lock = || self.scrub.unrepairable.lock().unwrap_or_else(|p| p.into_inner());
+                    let again = lock().contains(&key);
+                    if self.repair(blob, inc, tract, chunk, again).await {
                         self.scrub.repaired.fetch_add(1, Ordering::Relaxed);
+                        lock().remove(&key);
                     } else {
                         self.scrub.unrepaired.fetch_add(1, Ordering::Relaxed);
+                        lock().insert(key);
                     }
                     // Past the damaged chunk either way: a repair is re-read
                     // on the next pass, a failure retried then.
@@ -180,7 +207,14 @@ impl TractService {
     /// Fetches the tract from the row's other members, in column order (a
     /// lower column holds a superset), and installs the damaged chunk from
     /// the first that has the bytes this server's entry expects.
-    async fn repair(&self, blob: BlobId, inc: Incarnation, tract: TractNo, chunk: u32) -> bool {
+    async fn repair(
+        &self,
+        blob: BlobId,
+        inc: Incarnation,
+        tract: TractNo,
+        chunk: u32,
+        allow_prev: bool,
+    ) -> bool {
         let me = self.store.disk_id();
         let rows = self.row_index();
         let len = rows.assignment.tlt_len as usize;
@@ -210,7 +244,7 @@ impl TractService {
             if e > data.len() {
                 continue;
             }
-            match self.store.repair_chunk(blob, inc, tract, chunk, data.slice(s..e)).await {
+            match self.store.repair_chunk(blob, inc, tract, chunk, data.slice(s..e), allow_prev).await {
                 Ok(true) => {
                     tracing::warn!(%blob, %tract, chunk, from = %peer, "repaired a damaged chunk from another replica");
                     return true;
