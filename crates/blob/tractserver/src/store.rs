@@ -1197,19 +1197,8 @@ mod tests {
         let d = pattern(7, 4096);
         let crcs = blizzard_core::crc::piece_crcs(0, &d);
         let never: Current<'_> = &|| false;
-        let r = s
-            .write_with(
-                BlobId(1),
-                1,
-                TractNo(0),
-                1,
-                0,
-                Bytes::from(d.clone()),
-                &crcs,
-                Durability::Synced,
-                never,
-            )
-            .await;
+        let r =
+            s.write_with(BlobId(1), 1, TractNo(0), 1, 0, d.clone(), &crcs, Durability::Synced, never).await;
         assert!(matches!(r, Err(StoreError::Superseded)), "{r:?}");
         assert_eq!(s.usage().1, 0, "a refused write must not keep a slot");
         assert!(s.tracts().is_empty());
