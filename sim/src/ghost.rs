@@ -9,7 +9,8 @@
 //! bytes. [`GhostStream`] injects exactly that: when a client drops a
 //! connection that opened with `Hello`, it may (drawn from the seed) open a
 //! fresh one later, 50 ms to 3 s on, and deliver the old connection's
-//! `Hello` and its last request again, as the old connection would have,
+//! `Hello` and its last change (write, trim, delete) again, as the old
+//! connection would have,
 //! unless the server host crashed meanwhile: a crash resets its
 //! connections, so nothing sent on them reaches the next incarnation.
 //! The tractservers must refuse it (`blizzard_rpc::Caller`), or the
@@ -75,7 +76,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-/// A client connection that remembers its `Hello` and last request frame.
+/// A client connection that remembers its `Hello` and last change request.
 pub struct GhostStream {
     inner: TcpStream,
     addr: String,
@@ -126,7 +127,11 @@ impl GhostStream {
                     return;
                 }
                 self.hello = Some(frame);
-            } else {
+            } else if matches!(
+                Opcode::from_u16(header.opcode),
+                Some(Opcode::WriteTract | Opcode::WriteTractCached | Opcode::TrimTract | Opcode::DeleteTract)
+            ) {
+                // The duplicates that can do harm: changes.
                 self.last = Some(frame);
             }
         }

@@ -74,15 +74,21 @@ fn planted_skip_copy_is_caught() {
 }
 
 /// The fence is what keeps late duplicates out: with tractservers that
-/// apply requests from connections their client has replaced, a request the
+/// apply requests from connections their client has replaced, a change the
 /// client gave up on and retried, delivered again late (every dropped
-/// client connection's last request, here), replaces newer acknowledged
-/// data.
+/// client connection's last change, here), replaces newer acknowledged
+/// data. It takes a late duplicate landing after a newer write to the same
+/// bytes, which few seeds draw (2 in 100 from 7001): this range holds one.
+/// If a change to the simulation moves it, `blob-sim --seeds 100 --first
+/// 7001 --replication 3 --tractservers 6 --joining 2 --duplicates 1
+/// --plant no-fence` names the seeds that catch it now.
+/// (`blob_store::a_write_from_a_replaced_connection_is_not_applied` tests
+/// the fence itself, on real sockets, every time.)
 #[test]
 fn planted_no_fence_is_caught() {
     let (ok, out) = run(&[
         "--seeds",
-        "24",
+        "12",
         "--first",
         "7001",
         "--replication",
