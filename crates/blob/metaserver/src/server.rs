@@ -475,13 +475,19 @@ impl MetaServer {
             return Err(MetaError::NotReady);
         };
         let len = newest.tlt_len as usize;
-        // Per row, the report with the highest (row version, table
-        // version): a row's filling set changes without a row version bump.
+        // Per row, the report from the newest assignment round that named
+        // it (highest table version, then row version): the previous
+        // server's latest decision about the row. Not simply the highest
+        // row version: a round that failed part-way leaves a version that
+        // was never served on the members it reached, and the server then
+        // pushed the row's served version to the ones it could reach, in a
+        // newer round; a member cut off meanwhile still holds the unserved
+        // one (it is given its current assignment once it reports).
         let mut rows: Vec<Option<(&AssignedRow, u64)>> = vec![None; len];
         for a in reports.iter().filter(|a| a.cluster_id == newest.cluster_id) {
             for r in &a.rows {
                 if let Some(slot) = rows.get_mut(r.row as usize) {
-                    if slot.is_none_or(|(cur, tv)| (r.version, a.tlt_version) > (cur.version, tv)) {
+                    if slot.is_none_or(|(cur, tv)| (a.tlt_version, r.version) > (tv, cur.version)) {
                         *slot = Some((r, a.tlt_version));
                     }
                 }
@@ -807,8 +813,14 @@ impl MetaServer {
             let mut out = Vec::new();
             for (id, m) in &members {
                 let none = Assignment { cluster_id: cur.cluster_id, ..Assignment::default() };
+                let ahead = |a: &Assignment| {
+                    a.tlt_version > cur.version
+                        || a.rows
+                            .iter()
+                            .any(|r| cur.rows.get(r.row as usize).is_some_and(|c| r.version > c.version))
+                };
                 let out_of_step = match &m.reported {
-                    Some(a) if a.cluster_id == cur.cluster_id && a.tlt_version > cur.version => {
+                    Some(a) if a.cluster_id == cur.cluster_id && ahead(a) => {
                         st.tlt_version_floor = st.tlt_version_floor.max(a.tlt_version);
                         for r in &a.rows {
                             let f = st.row_version_floor.entry(r.row as usize).or_default();
