@@ -17,6 +17,7 @@ use blizzard_client::{Blob, Client};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::TsId;
 use blizzard_env::Env;
+use blizzard_proto::ClusterStatus;
 
 const TRACT: u32 = 64 << 10;
 
@@ -136,11 +137,17 @@ impl Model {
     }
 }
 
-/// Writes and reads (each checked against the model) until the cluster
-/// reports full replication with every server of `dead` declared dead.
-/// Returns how many rounds ran while a row was still being copied.
-async fn load_until_fully_replicated(client: &Client, model: &mut Model, dead: &[String]) -> R {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+/// Writes and reads (each checked against the model) until the cluster is
+/// fully replicated and `done` holds of its status (`what` says what that
+/// is, for the failure message). The load must have met a row being
+/// copied, or it tested nothing.
+async fn load_until(
+    client: &Client,
+    model: &mut Model,
+    what: &str,
+    done: impl Fn(&ClusterStatus) -> bool,
+) -> R {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
     let mut filling_rounds = 0;
     loop {
         model.write().await?;
@@ -157,15 +164,21 @@ async fn load_until_fully_replicated(client: &Client, model: &mut Model, dead: &
             }
             filling_rounds += 1;
         }
-        let dead_ok = dead.iter().all(|a| s.members.iter().any(|m| &m.addr == a && m.dead));
-        if s.fully_replicated() && dead_ok {
+        if s.fully_replicated() && done(&s) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no full replication within 60 s: {s:#?}");
+        assert!(std::time::Instant::now() < deadline, "not fully replicated with {what} within 90 s: {s:#?}");
     }
-    // The load must have overlapped the copying, or it tested nothing.
     assert!(filling_rounds > 0, "the load never met a row being copied");
     Ok(())
+}
+
+/// [`load_until`] every server of `dead` is declared dead.
+async fn load_until_fully_replicated(client: &Client, model: &mut Model, dead: &[String]) -> R {
+    load_until(client, model, "the stopped servers dead", |s| {
+        dead.iter().all(|a| s.members.iter().any(|m| &m.addr == a && m.dead))
+    })
+    .await
 }
 
 /// One tractserver stops; its rows are re-replicated by the others while a
@@ -261,32 +274,12 @@ async fn new_tractservers_take_their_share_under_writes() -> R {
     Ok(())
 }
 
-/// Loads the cluster (every operation checked against the model) until it
-/// is fully replicated with each of `joining` holding TLT positions; the
-/// load must have met rows being copied.
+/// [`load_until`] each of `joining` is alive and holds TLT positions.
 async fn load_until_settled(client: &Client, model: &mut Model, joining: &[TsId]) -> R {
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    let mut filling_rounds = 0;
-    loop {
-        model.write().await?;
-        for _ in 0..6 {
-            model.read().await?;
-        }
-        let s = client.cluster_status().await?;
-        if s.rows_filling > 0 {
-            if filling_rounds == 0 {
-                model.verify_replicas().await?;
-            }
-            filling_rounds += 1;
-        }
-        let joined = joining.iter().all(|id| s.members.iter().any(|m| m.id == *id && m.alive && m.rows > 0));
-        if joined && s.fully_replicated() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not settled within 90 s: {s:#?}");
-    }
-    assert!(filling_rounds > 0, "the load never met a row being copied");
-    Ok(())
+    load_until(client, model, "the joining servers holding rows", |s| {
+        joining.iter().all(|id| s.members.iter().any(|m| m.id == *id && m.alive && m.rows > 0))
+    })
+    .await
 }
 
 /// Waits until tractserver `i` holds only tracts of rows the TLT gives it.
