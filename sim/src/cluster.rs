@@ -29,6 +29,9 @@
 //! - cluster growth: `joining` tractservers start mid-run and take their
 //!   share of TLT entries (pending, copied, committed, FDS §3.4), under
 //!   the same faults;
+//! - full disks: a tractserver's disk runs out of space for 0.2–3 s
+//!   (`SimDisk::set_full`: each write stores a prefix and fails with
+//!   ENOSPC), then has space again;
 //! - a bit flip in stored tract data once the writes are done and every
 //!   row is whole (3-way runs): reads must never return it and the
 //!   scrubber must repair it before the replica checks pass;
@@ -77,6 +80,8 @@ pub struct BlobSimConfig {
     /// Flip a bit in stored tract data once the writes are done (3-way
     /// runs: see `run_blob_sim`).
     pub bit_flips: bool,
+    /// Run tractservers' disks out of space for a while (`SimDisk::set_full`).
+    pub full_disks: bool,
     /// A bug planted in every tractserver, to show the oracle catches it.
     pub planted_bug: blizzard_tractserver::PlantedBug,
 }
@@ -96,6 +101,7 @@ impl Default for BlobSimConfig {
             joining: 2,
             duplicates: 2,
             bit_flips: true,
+            full_disks: true,
             planted_bug: blizzard_tractserver::PlantedBug::None,
         }
     }
@@ -119,6 +125,10 @@ pub struct BlobSimReport {
     pub duplicates: u64,
     /// Bits flipped in stored tract data (the scrubber repairs them).
     pub bit_flips: u32,
+    /// Times a tractserver's disk ran out of space, and the writes it
+    /// refused meanwhile.
+    pub full_disks: u32,
+    pub full_disk_writes: u64,
     pub simulated: Duration,
 }
 
@@ -232,6 +242,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let mut chaos = SmallRng::seed_from_u64(derive_seed(seed, "chaos"));
     let mut ts_down: Option<(usize, u64)> = None;
     let mut meta_down: Option<u64> = None;
+    let mut full: Option<(usize, u64)> = None;
+    let mut full_disks = 0u32;
     let (mut ts_crashes, mut meta_restarts, mut link_faults, mut bit_flips) = (0u32, 0u32, 0u32, 0u32);
     // Where tract data lives on a disk: the first slots, which hold what
     // the clients wrote (slots are taken lowest first).
@@ -302,7 +314,35 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 ghosts.crashed("meta");
                 trace.event_at(now, "chaos", "restart meta (faults over)");
             }
+            if let Some((i, _)) = full.take() {
+                disks.get(disk_path(i).as_ref()).inspect(|d| d.set_full(false));
+                trace.event_at(now, "chaos", format!("disk of {} has space again (faults over)", ts_host(i)));
+            }
             continue;
+        }
+        if cfg.full_disks {
+            match full {
+                None if chaos.random_ratio(1, 2500) => {
+                    let i = chaos.random_range(0..total);
+                    // Only a formatted disk (its superblock is written
+                    // last): a tractserver that cannot format its disk
+                    // exits, an operator's matter, not the cluster's.
+                    let formatted =
+                        |d: &crate::SimDisk| d.peek(0, 8) == blizzard_tractserver::layout::SUPERBLOCK_MAGIC;
+                    if let Some(d) = disks.get(disk_path(i).as_ref()).filter(formatted) {
+                        d.set_full(true);
+                        trace.event_at(now, "chaos", format!("disk of {} full", ts_host(i)));
+                        full = Some((i, step + chaos.random_range(200..3000)));
+                        full_disks += 1;
+                    }
+                }
+                Some((i, at)) if step >= at => {
+                    disks.get(disk_path(i).as_ref()).inspect(|d| d.set_full(false));
+                    trace.event_at(now, "chaos", format!("disk of {} has space again", ts_host(i)));
+                    full = None;
+                }
+                _ => {}
+            }
         }
         if cfg.crash_tractservers {
             match ts_down {
@@ -392,6 +432,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         rows_grown: probe.rows_grown.load(Ordering::Relaxed),
         duplicates: ghosts.sent.load(Ordering::Relaxed),
         bit_flips,
+        full_disks,
+        full_disk_writes: disks.disks().iter().map(|(_, d)| d.writes_refused()).sum(),
         simulated: sim.elapsed(),
     })
 }

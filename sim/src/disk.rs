@@ -23,11 +23,12 @@
 //! | Reordered persistence | [`SimDisk::crash`]: the fates of pending writes are independent | A later unsynced write may survive while an earlier one is lost: no ordering between writes without a `sync` between them. |
 //! | Bit rot | [`SimDisk::flip_bit`], [`SimDisk::corrupt_random`]: only when a test asks | Durable data changes under the system: reads must verify CRCs end to end and fall back to another replica (the scrubber repairs later). |
 //! | EIO on write / sync | [`SimDisk::fail_writes`], [`SimDisk::fail_syncs`]: the next `n` calls, when a test asks | An error must reach the client as a failed write, never as an ack. A failed write changes nothing; a failed sync leaves its writes pending (they may still be lost or torn on crash), as Linux's `fdatasync` may. |
+//! | Full disk | [`SimDisk::set_full`]: while a test (or the cluster simulation's chaos schedule) says so | A device out of space (a thin-provisioned volume, a copy-on-write file system: preallocating does not rule it out) fails writes with ENOSPC after storing any prefix of them, the last piece cut at a page boundary. The failed write must not be acknowledged, and memory must still describe the disk afterwards: a later write, a restart or a crash must find every acknowledged byte. |
 //! | Slow disk | [`FaultConfig::io_latency`] + up to `io_latency_jitter` per operation, simulated time | Timeouts, queues and the write-speed measurement must cope with slow disks; nothing may assume I/O is instant. |
 //!
 //! Not injected (yet): misdirected writes (a write landing at the wrong
-//! offset), latent read errors, and a full disk — blizzard preallocates its
-//! disks, so "full" is a property of the slot allocator above, not here.
+//! offset) and latent read errors. A tractserver that runs out of tract
+//! slots is the slot allocator's business above, not a disk fault.
 //!
 //! Not faults, but checked: an access past the end of the disk is an
 //! `InvalidInput` error and changes nothing; it never panics.
@@ -71,6 +72,8 @@ const _: () = assert!(PAGE_SIZE.is_multiple_of(SECTOR_SIZE));
 
 /// The errno a failing disk reports.
 const EIO: i32 = 5;
+/// The errno a full disk reports.
+const ENOSPC: i32 = 28;
 
 /// How a disk misbehaves. The crash weights are relative: with the default
 /// 1/1/1 each pending write is lost, kept or torn with probability 1/3. All
@@ -180,6 +183,10 @@ struct DiskState {
     rng: SmallRng,
     fail_writes: u64,
     fail_syncs: u64,
+    /// Out of space ([`SimDisk::set_full`]).
+    full: bool,
+    /// Writes failed with ENOSPC so far.
+    refused: u64,
 }
 
 struct DiskInner {
@@ -212,6 +219,8 @@ impl SimDisk {
                 rng: SmallRng::seed_from_u64(seed),
                 fail_writes: 0,
                 fail_syncs: 0,
+                full: false,
+                refused: 0,
             }),
         }))
     }
@@ -233,6 +242,21 @@ impl SimDisk {
     /// Makes the next `n` `write_at` calls fail with EIO, changing nothing.
     pub fn fail_writes(&self, n: u64) {
         lock(&self.0.state).fail_writes = n;
+    }
+
+    /// Runs the disk out of space (`true`) or gives the space back. While
+    /// full, every `write_at` stores a random prefix of its pieces (the last
+    /// one cut at a page boundary, as a short buffered `pwrite` followed by
+    /// a failing one leaves it: the kernel copies page by page and stops at
+    /// the first page it finds no room for) and fails with ENOSPC; syncs
+    /// still work.
+    pub fn set_full(&self, full: bool) {
+        lock(&self.0.state).full = full;
+    }
+
+    /// How many writes failed for lack of space.
+    pub fn writes_refused(&self) -> u64 {
+        lock(&self.0.state).refused
     }
 
     /// Makes the next `n` `sync` calls fail with EIO, leaving their writes
@@ -309,6 +333,12 @@ impl SimDisk {
         Ok(())
     }
 
+    /// What a read of `[offset, offset + len)` would return now, for the
+    /// harness (no latency, no fault drawn).
+    pub fn peek(&self, offset: u64, len: usize) -> Vec<u8> {
+        self.read_now(offset, len)
+    }
+
     /// Bit rot at a place chosen by the disk's generator within `range`
     /// (clipped to the disk). Returns the offset and bit flipped.
     pub fn corrupt_random(&self, range: Range<u64>) -> Result<(u64, u8), SimError> {
@@ -352,7 +382,33 @@ impl SimDisk {
             st.fail_writes -= 1;
             return Err(SimError::InjectedEio { op: "write" });
         }
-        for (offset, data) in writes {
+        // Out of space: which piece the space runs out in, and how many of
+        // its sectors made it.
+        let cut = if st.full {
+            let piece = st.rng.random_range(0..writes.len().max(1));
+            // A short write ends where the file system failed to find room
+            // for the next page: at a page boundary of the disk, or before
+            // the piece's first byte.
+            let keep = writes.get(piece).map_or(0, |(off, d)| {
+                let end = off + d.len() as u64;
+                let mut cuts = vec![0usize];
+                let mut b = (off / PAGE_SIZE + 1) * PAGE_SIZE;
+                while b < end {
+                    cuts.push((b - off) as usize);
+                    b += PAGE_SIZE;
+                }
+                cuts[st.rng.random_range(0..cuts.len())]
+            });
+            Some((piece, keep))
+        } else {
+            None
+        };
+        for (i, (offset, data)) in writes.into_iter().enumerate() {
+            let data = match cut {
+                Some((piece, _)) if i > piece => break,
+                Some((piece, keep)) if i == piece => data.slice(..keep.min(data.len())),
+                _ => data,
+            };
             if data.is_empty() {
                 continue;
             }
@@ -361,7 +417,13 @@ impl SimDisk {
             st.next_seq += 1;
             st.pending.push(Pending { seq, offset, data });
         }
-        Ok(())
+        match cut {
+            Some(_) => {
+                st.refused += 1;
+                Err(SimError::NoSpace)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Makes the pending writes with `seq < mark` durable.
@@ -383,6 +445,7 @@ impl SimDisk {
 fn eio(e: SimError) -> io::Error {
     match e {
         SimError::InjectedEio { .. } => io::Error::from_raw_os_error(EIO),
+        SimError::NoSpace => io::Error::from_raw_os_error(ENOSPC),
         other => other.into(),
     }
 }

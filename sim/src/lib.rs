@@ -61,6 +61,9 @@ pub enum SimError {
     /// An injected I/O error (`SimDisk::fail_writes`, `SimDisk::fail_syncs`).
     #[error("simulated EIO on {op}")]
     InjectedEio { op: &'static str },
+    /// A write to a disk that ran out of space (`SimDisk::set_full`).
+    #[error("simulated ENOSPC: the disk is full")]
+    NoSpace,
     /// An address the simulated network cannot serve (`unix:` paths, or a
     /// bind on another host's name).
     #[error("address {0:?} is not simulated: {1}")]
@@ -82,6 +85,7 @@ impl From<SimError> for io::Error {
             SimError::NoSuchDisk(_) => io::ErrorKind::NotFound,
             // Kind `Other`, like the EIO a real disk reports.
             SimError::InjectedEio { .. } | SimError::NotInSimulation => io::ErrorKind::Other,
+            SimError::NoSpace => io::ErrorKind::StorageFull,
             SimError::Unsupported(..) => io::ErrorKind::Unsupported,
         };
         io::Error::new(kind, e)

@@ -28,7 +28,8 @@ fn run(args: &[&str]) -> (bool, String) {
 /// tractservers down longer than `dead_after` are re-replicated, two that
 /// join mid-run take their share of the table, late duplicates of requests
 /// are refused, and once faults stop every row is whole again (a flipped
-/// bit repaired by the scrubber) with every replica exact.
+/// bit repaired by the scrubber) with every replica exact, though disks
+/// ran out of space under writes.
 #[test]
 fn three_way_seeds_keep_every_acknowledged_write() {
     let n = seeds().to_string();
@@ -39,6 +40,7 @@ fn three_way_seeds_keep_every_acknowledged_write() {
     assert!(!out.contains("rows_grown=0"), "no tractserver ever joined: growth went untested\n{out}");
     assert!(!out.contains(" duplicates=0"), "no request was ever duplicated\n{out}");
     assert!(!out.contains(" bit_flips=0"), "no bit was ever flipped: rot went untested\n{out}");
+    assert!(!out.contains(" full_disk_writes=0"), "no write ever met a full disk\n{out}");
     assert!(
         !out.contains("tractserver_crashes=0 "),
         "no tractserver ever crashed: the run proves nothing\n{out}"

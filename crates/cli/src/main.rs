@@ -364,9 +364,11 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
             cfg.disk_size = disk_size;
             cfg.meta_listen = meta_listen;
-            // Everything is in this process: tractservers talk over unix
-            // sockets in the data directory, cheaper than TCP loopback.
+            // Everything is in this process: its servers reach each other
+            // over in-memory pipes, and other processes over unix sockets
+            // in the data directory (cheaper than TCP loopback).
             cfg.unix_sockets = true;
+            let env = env.with_local_net();
             let cluster = Cluster::start(env.clone(), cfg)
                 .await
                 .with_context(|| format!("starting the embedded cluster in {}", data.display()))?;

@@ -239,7 +239,8 @@ async fn stale_tlt_is_rejected_and_client_recovers() -> R {
     assert_eq!(b.extend_by(1).await?, 5);
     let after = client.tlt();
     assert!(after.version > before.version);
-    assert_eq!(after.rows[rows[0]].version, before.rows[rows[0]].version + 1);
+    // Numbered above anything an earlier metadata server lifetime used.
+    assert!(after.rows[rows[0]].version > before.rows[rows[0]].version);
     assert!(client.stats().stale_rejections.load(std::sync::atomic::Ordering::Relaxed) > stale_before);
     c.stop().await;
     Ok(())

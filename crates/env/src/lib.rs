@@ -7,6 +7,7 @@
 //! The traits return boxed futures so that one `Env` type serves both
 //! worlds without making every server generic.
 
+mod local;
 mod real;
 
 use std::io;
@@ -19,6 +20,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 pub use tokio::time::Instant;
 
+pub use local::LocalNet;
 pub use real::{RealClock, RealDisks, RealNet, RealRng};
 
 /// A byte stream to a peer: TCP, unix socket or simulated link.
@@ -76,6 +78,14 @@ pub trait Disk: Send + Sync {
     fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>>;
     /// Makes every completed write durable (`fdatasync`).
     fn sync(&self) -> BoxFuture<'static, io::Result<()>>;
+    /// Same as [`Disk::sync`], for a caller with nothing else to do until it
+    /// returns (a group commit with a single waiter). A disk may then run it
+    /// on the calling thread, saving the hand-offs to and from a helper
+    /// thread; it must still fall back to [`Disk::sync`] whenever blocking
+    /// the caller could stall other work for long.
+    fn sync_alone(&self) -> BoxFuture<'static, io::Result<()>> {
+        self.sync()
+    }
 }
 
 /// Alignment of direct (page-cache bypassing) disk I/O: buffer addresses,
@@ -115,6 +125,12 @@ impl Env {
             net: Arc::new(RealNet),
             disks: Arc::new(RealDisks),
         }
+    }
+
+    /// This env, with connections among the servers it starts made as
+    /// in-memory pipes ([`LocalNet`]): for servers sharing one process.
+    pub fn with_local_net(&self) -> Env {
+        Env { net: Arc::new(LocalNet::new(self.net.clone())), ..self.clone() }
     }
 
     pub fn now(&self) -> Instant {

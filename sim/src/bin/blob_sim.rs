@@ -102,7 +102,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -113,6 +113,8 @@ fn main() -> ExitCode {
                     r.rows_grown,
                     r.duplicates,
                     r.bit_flips,
+                    r.full_disks,
+                    r.full_disk_writes,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -135,6 +137,7 @@ fn main() -> ExitCode {
     let mut failed = Vec::new();
     let (mut acked, mut crashes, mut restarts, mut refilled, mut links, mut grown, mut dups, mut flips) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut fulls, mut refused) = (0u64, 0u64);
     for batch in seeds.chunks(a.jobs) {
         // Start the whole batch, then collect: `jobs` seeds run at once.
         let children: Vec<_> = batch
@@ -150,7 +153,7 @@ fn main() -> ExitCode {
             })
             .collect();
         for (seed, child) in children {
-            let out = child.and_then(|c| c.wait_with_output());
+            let out = child.and_then(wait_bounded);
             match out {
                 Ok(o) if o.status.success() => {
                     let line = String::from_utf8_lossy(&o.stdout);
@@ -168,10 +171,16 @@ fn main() -> ExitCode {
                     grown += field("rows_grown=");
                     dups += field("duplicates=");
                     flips += field("bit_flips=");
+                    fulls += field("full_disks=");
+                    refused += field("full_disk_writes=");
                 }
                 Ok(o) => {
                     println!("{}", String::from_utf8_lossy(&o.stdout));
                     eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+                    failed.push(seed);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    println!("seed={seed} VIOLATION\n{e}");
                     failed.push(seed);
                 }
                 Err(e) => {
@@ -182,7 +191,7 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups} bit_flips={flips}",
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups} bit_flips={flips} full_disks={fulls} full_disk_writes={refused}",
         seeds.len(),
         failed.len()
     );
@@ -193,5 +202,36 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Real time a seed may take. A seed takes well under 10 s in the optimized
+/// build; one that runs longer is stuck in a loop that never yields to the
+/// simulator (simulated time stops, so turmoil's own limit never fires):
+/// a liveness bug to report with its seed, not a CI run that never ends.
+const SEED_WALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Waits for a seed's process, killing it after [`SEED_WALL_LIMIT`]. Its
+/// output is a line or, on a failure, a trace tail: small enough for the
+/// pipes' buffers, so reading after the exit cannot block it.
+#[allow(clippy::disallowed_methods, reason = "the harness's own real time, outside any simulation")]
+fn wait_bounded(mut c: std::process::Child) -> std::io::Result<std::process::Output> {
+    let start = std::time::Instant::now();
+    loop {
+        if c.try_wait()?.is_some() {
+            return c.wait_with_output();
+        }
+        if start.elapsed() > SEED_WALL_LIMIT {
+            let _ = c.kill();
+            let _ = c.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the seed ran {} s of real time without finishing: something loops without yielding (a hang)",
+                    SEED_WALL_LIMIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

@@ -104,6 +104,13 @@ pub fn plan(t: &Tlt, newcomers: &[TsId], domain: &dyn Fn(TsId) -> String, rng: &
                         if donor_load <= have + 1 {
                             continue;
                         }
+                        // Nor from one already at its share: a donor with
+                        // many primaries but few positions would otherwise
+                        // give primaries and then positions, ending below
+                        // its share (two newcomers joining 8: 6 of 8).
+                        if load[&donor] <= want_total {
+                            continue;
+                        }
                         let shared: usize = others().map(|id| partners.get(&id).copied().unwrap_or(0)).sum();
                         let score = (donor_load, usize::MAX - shared, load[&donor]);
                         match best {
@@ -288,5 +295,43 @@ mod tests {
             assert!(!others.contains(&"d1".to_string()), "row {} already has domain d1", mv.row);
         }
         assert_eq!(spares(&t, &[TsId(1), TsId(100), TsId(200)]), vec![TsId(200)]);
+    }
+
+    /// Newcomers planned one after another, the first one's entries still
+    /// pending, never take a member below its share (or below what it had,
+    /// if the table gave it less): the planner once drained a member rich
+    /// in primaries to 6 positions of a fair 8.
+    #[test]
+    fn donors_keep_their_share() {
+        for seed in 0..200 {
+            let mut t = table(8, 3, seed);
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let (before, _) = loads(&t);
+            for nc in [TsId(100), TsId(101)] {
+                let moves = plan(&t, &[nc], &dom, &mut rng);
+                assert!(!moves.is_empty(), "seed {seed}: {nc} got nothing");
+                t.members.push(TltMember { id: nc, addr: String::new(), domain: dom(nc) });
+                let i = (t.members.len() - 1) as u32;
+                for mv in moves {
+                    t.rows[mv.row].pending.push(Pending { column: mv.column, member: i });
+                }
+            }
+            let fair = t.rows.len() * 3 / 10;
+            let mut after: BTreeMap<TsId, usize> = BTreeMap::new();
+            for r in &t.rows {
+                for c in 0..3 {
+                    let m =
+                        r.pending.iter().find(|p| p.column as usize == c).map_or(r.members[c], |p| p.member);
+                    *after.entry(t.members[m as usize].id).or_default() += 1;
+                }
+            }
+            for (id, n) in &before {
+                assert!(
+                    after[id] >= fair.min(*n),
+                    "seed {seed}: {id} went {n} -> {}, fair {fair}",
+                    after[id]
+                );
+            }
+        }
     }
 }

@@ -215,6 +215,16 @@ struct State {
 pub struct MetaServer {
     env: Env,
     cfg: MetaConfig,
+    /// Every version this lifetime hands out (row or table) is above this:
+    /// its start time in milliseconds, shifted left 20 bits. A metadata
+    /// server keeps no state, and one restarted right after a round failed
+    /// part-way may never hear from the members that stored that round; its
+    /// floors alone would then let it number a new round the same, so one
+    /// (row, version) would name two memberships. Started later, it numbers
+    /// above every earlier lifetime (unless that one handed out over a
+    /// million versions per millisecond it lived, or the clock went back,
+    /// where the floors still apply).
+    version_base: u64,
     state: Mutex<State>,
     /// Serializes TLT changes: one assignment round at a time.
     change: tokio::sync::Mutex<()>,
@@ -247,7 +257,13 @@ impl MetaServer {
         if cfg.permutations == 0 {
             return Err(MetaError::Config("permutations must be at least 1".into()));
         }
+        let started_ms = env
+            .clock
+            .system_time()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
         Ok(MetaServer {
+            version_base: started_ms.min(u64::MAX >> 21) << 20,
             env,
             cfg,
             state: Mutex::new(State {
@@ -332,7 +348,7 @@ impl MetaServer {
                 if let Some(i) = tlt.member_index(hb.ts_id) {
                     let mut t = (*tlt).clone();
                     t.members[i as usize].addr = hb.addr.clone();
-                    t.version += 1;
+                    t.version = t.version.max(self.version_base) + 1;
                     tracing::info!(id = %hb.ts_id, addr = %hb.addr, "tractserver moved; TLT version {}", t.version);
                     st.tlt = Some(Arc::new(t));
                 }
@@ -726,7 +742,8 @@ impl MetaServer {
                 .filter(|id| c.members.contains(id) || c.pending.iter().any(|(_, p)| p == id))
                 .collect();
             if c.bump {
-                r.version = r.version.max(floors.get(&c.row).copied().unwrap_or(0)) + 1;
+                r.version =
+                    r.version.max(floors.get(&c.row).copied().unwrap_or(0)).max(self.version_base) + 1;
                 bumped.push((c.row, r.version));
             }
             if c_filling.is_empty() {
@@ -735,7 +752,7 @@ impl MetaServer {
                 filling.insert(c.row, c_filling);
             }
         }
-        t.version = t.version.max(tlt_floor) + 1;
+        t.version = t.version.max(tlt_floor).max(self.version_base) + 1;
         t.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
         {
             let mut st = lock(&self.state);

@@ -99,8 +99,13 @@ impl GroupCommit {
                 tokio::task::yield_now().await;
                 // The target is fixed only now, just before the sync starts:
                 // every ticket issued so far was issued before it.
-                let target = self.lock().issued;
-                let res = self.disk.sync().await;
+                let (target, alone) = {
+                    let s = self.lock();
+                    (s.issued, s.issued == s.durable + 1)
+                };
+                // A lone writer has nothing to overlap with the sync, so the
+                // disk may run it on this thread (see `Disk::sync_alone`).
+                let res = if alone { self.disk.sync_alone().await } else { self.disk.sync().await };
                 {
                     let mut s = self.lock();
                     s.syncing = false;

@@ -200,7 +200,9 @@ pub(crate) fn store_err(e: StoreError) -> ErrorReply {
         StoreError::OutOfRange { .. } => ErrorCode::OutOfRange,
         StoreError::BadCrc(_) => ErrorCode::BadCrc,
         StoreError::Corrupt { .. } => ErrorCode::Corrupt,
+        // A device out of space (ENOSPC) is a full disk too.
         StoreError::DiskFull(_) => ErrorCode::DiskFull,
+        StoreError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => ErrorCode::DiskFull,
         StoreError::Io(_) | StoreError::Failed | StoreError::Layout(_) => ErrorCode::Io,
         StoreError::Superseded => ErrorCode::Aborted,
     };

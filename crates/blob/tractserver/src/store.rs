@@ -453,6 +453,76 @@ impl Store {
     /// A chunk's current bytes, verified, with the CRC they have (the
     /// latest write's, or the one before if that write was cut off before
     /// its data). Unwritten chunks are zeros.
+    /// Returns a slot taken for a write that stored nothing of it (its slot
+    /// entry never reached the disk): left in the index, a later write
+    /// would find it and not store its slot entry, and the tract would be
+    /// gone after a restart.
+    fn give_back(&self, slot: u32, g: &mut SlotState, blob: BlobId, tract: TractNo) {
+        g.entry.used = false;
+        g.chunks = Vec::new();
+        let mut ix = self.index();
+        ix.map.remove(&(blob, tract));
+        ix.free.push(slot);
+    }
+
+    /// Makes memory describe the disk again after a failed `write_at` (EIO,
+    /// ENOSPC on a device that filled up), which may have stored any prefix
+    /// of the write's pieces: data of first-written chunks, then the chunk
+    /// entries, then data of overwritten chunks, then the slot entry.
+    ///
+    /// - The slot entry is last, so it is not on disk: memory takes back the
+    ///   entry it had (a fresh slot is given back, a new incarnation's
+    ///   generation is dropped with the chunks it had). `max_generation`
+    ///   stays raised: entries of that generation may be on disk and must
+    ///   never count for a later one.
+    /// - A first-written chunk stays as memory had it: its new entry may be
+    ///   on disk, with its data before it, which a restart then reads; until
+    ///   then the old view is as good, since the write was not acknowledged.
+    /// - An overwritten chunk is read back: if it holds the new bytes (its
+    ///   entry, stored before them, is on disk too) memory takes the new
+    ///   entry, else keeps the old one. The next overwrite stores the CRC
+    ///   memory holds as the chunk's previous CRC, and it must match what is
+    ///   on disk, or a crash in that overwrite would leave the chunk
+    ///   unreadable. (Bytes matching neither, a short write, read as
+    ///   corrupt until the scrubber repairs them from another replica.)
+    #[allow(clippy::too_many_arguments)]
+    async fn undo_failed_write(
+        &self,
+        slot: u32,
+        g: &mut SlotState,
+        (blob, tract): (BlobId, TractNo),
+        fresh: bool,
+        entry_before: SlotEntry,
+        chunks_before: Option<Vec<ChunkEntry>>,
+        first_chunk: u32,
+        new_entries: &[ChunkEntry],
+    ) {
+        if fresh {
+            self.give_back(slot, g, blob, tract);
+            return;
+        }
+        g.entry = entry_before;
+        if let Some(chunks) = chunks_before {
+            g.chunks = chunks;
+            return;
+        }
+        for (i, e) in new_entries.iter().enumerate() {
+            let chunk = first_chunk + i as u32;
+            let overwrite = e.prev_generation == e.generation && e.generation != 0;
+            if !overwrite {
+                continue;
+            }
+            let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
+            if let Ok(b) = self.disk.read_at(at, CHUNK_SIZE as usize).await {
+                if crc32c(&b) == e.crc {
+                    if let Some(c) = g.chunks.get_mut(chunk as usize) {
+                        *c = *e;
+                    }
+                }
+            }
+        }
+    }
+
     async fn read_chunk_verified(
         &self,
         slot: u32,
@@ -532,18 +602,16 @@ impl Store {
         let (slot, mut g, fresh) = self.lock_slot_for_write(blob, tract, incarnation, version).await?;
         if !current() {
             if fresh {
-                // Give back the slot taken for this write (nothing of it
-                // reached the disk): left in the index, a later write would
-                // find it and not store its slot entry.
-                g.entry.used = false;
-                let mut ix = self.index();
-                ix.map.remove(&(blob, tract));
-                ix.free.push(slot);
+                self.give_back(slot, &mut g, blob, tract);
             }
             return Err(StoreError::Superseded);
         }
+        // What memory said before this write, to put back if it fails.
+        let entry_before = g.entry;
+        let mut chunks_before: Option<Vec<ChunkEntry>> = None;
         let mut entry_dirty = fresh;
         if g.entry.incarnation != incarnation {
+            chunks_before = Some(std::mem::take(&mut g.chunks));
             // A new life of this blob id: everything stored before is void.
             let generation = g.max_generation.wrapping_add(1).max(1);
             g.entry.incarnation = incarnation;
@@ -644,9 +712,18 @@ impl Store {
             self.disk.write_at(writes).await
         };
         if let Err(e) = written {
-            // Memory no longer describes the disk for this slot; the safest
-            // thing is to drop the slot's chunks from view.
             tracing::error!(slot, error = %e, "tract write failed");
+            self.undo_failed_write(
+                slot,
+                &mut g,
+                (blob, tract),
+                fresh,
+                entry_before,
+                chunks_before,
+                first_chunk,
+                &new_entries,
+            )
+            .await;
             return Err(e.into());
         }
         for (i, e) in new_entries.into_iter().enumerate() {
@@ -891,25 +968,36 @@ impl Store {
             e.encode_into(&mut table);
         }
         writes.insert(0, (self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
-        for (i, e) in new_entries.into_iter().enumerate() {
-            if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
-                *c = e;
-            }
-        }
-        let empty = g.chunks.iter().all(|c| c.generation != generation || generation == 0);
+        let range = first_chunk as usize..first_chunk as usize + new_entries.len();
+        let empty = g.chunks.iter().enumerate().all(|(i, c)| {
+            let c = if range.contains(&i) { &new_entries[i - range.start] } else { c };
+            c.generation != generation || generation == 0
+        });
         if empty {
-            g.entry.used = false;
-            g.chunks = Vec::new();
-            writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode())));
+            let freed = SlotEntry { used: false, ..g.entry };
+            writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&freed.encode())));
         }
+        // Memory changes only once the disk has it all. After a failed
+        // write it keeps the old view: the new entries may be on disk, but
+        // an unacknowledged trim may read either way, and an overwritten
+        // chunk's data, written after its entry, is then still the old one
+        // that memory's CRC describes (see `undo_failed_write`).
         {
             let _slot = self.writers.acquire().await;
             self.disk.write_at(writes).await?;
         }
         if empty {
+            g.entry.used = false;
+            g.chunks = Vec::new();
             let mut ix = self.index();
             ix.map.remove(&(blob, tract));
             ix.free.push(slot);
+        } else {
+            for (i, e) in new_entries.into_iter().enumerate() {
+                if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
+                    *c = e;
+                }
+            }
         }
         drop(g);
         self.commit.sync().await.map_err(|_| StoreError::Failed)?;
@@ -955,11 +1043,15 @@ impl Store {
         {
             return Ok(false);
         }
+        // Memory frees the slot only once the disk says so: a slot marked
+        // free in memory but still in the index would send every later
+        // write to this tract round `lock_slot_for_write`'s loop forever.
+        let freed = SlotEntry { used: false, ..g.entry };
+        self.disk
+            .write_at(vec![(self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&freed.encode()))])
+            .await?;
         g.entry.used = false;
         g.chunks = Vec::new();
-        self.disk
-            .write_at(vec![(self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode()))])
-            .await?;
         {
             let mut ix = self.index();
             ix.map.remove(&(blob, tract));
@@ -1130,6 +1222,82 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A write the disk fails part-way (ENOSPC on a full device, EIO) while
+    /// the server lives on: memory must still describe the disk. Every chunk
+    /// reads old or new at once (never `Corrupt`), the retried write
+    /// succeeds, and after a restart its tract is there: a fresh slot whose
+    /// first write failed was once kept in memory as if its slot entry were
+    /// stored, so the retry skipped the entry and the tract vanished on
+    /// restart. A trim or delete failing the same way leaves the tract
+    /// writable (a slot freed in memory before the disk once sent every
+    /// later write round a loop forever).
+    #[tokio::test]
+    async fn a_failed_write_leaves_memory_true_to_the_disk() -> Result<(), StoreError> {
+        let old = pattern(1, TRACT as usize);
+        let new = pattern(2, TRACT as usize);
+        for (off, len) in [(0u32, 16384u32), (4100, 100), (12288, 8192 + 40000)] {
+            for keep in 0..4 {
+                let what = format!("write [{off}, +{len}) failing after {keep} pieces");
+                let dir = tempfile::tempdir()?;
+                let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+                let disk = Arc::new(DyingDisk { inner: real, armed: false.into(), keep });
+                let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+                put(&s, 1, 1, 3, 0, &old.slice(0..32768)).await?;
+                let piece = new.slice(off as usize..(off + len) as usize);
+                // An overwrite and a first write into a fresh slot, both failing.
+                for tract in [3, 4] {
+                    disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    assert!(put(&s, 1, 1, tract, off, &piece).await.is_err(), "{what}: not failed");
+                }
+                let mut before = vec![0u8; TRACT as usize];
+                before[..32768].copy_from_slice(&old[..32768]);
+                let mut after = before.clone();
+                after[off as usize..(off + len) as usize].copy_from_slice(&piece);
+                let got = get(&s, 1, 1, 3, 0, TRACT).await.map_err(|e| {
+                    StoreError::Io(std::io::Error::other(format!("{what}: read after the failure: {e}")))
+                })?;
+                for c in 0..(TRACT / CHUNK_SIZE) as usize {
+                    let r = c * CHUNK_SIZE as usize..(c + 1) * CHUNK_SIZE as usize;
+                    assert!(
+                        got[r.clone()] == before[r.clone()] || got[r.clone()] == after[r.clone()],
+                        "{what}: chunk {c} is neither old nor new"
+                    );
+                }
+                // The retries succeed, and a restart finds both tracts whole.
+                for tract in [3, 4] {
+                    put(&s, 1, 1, tract, off, &piece).await?;
+                }
+                drop(s);
+                drop(disk);
+                let s = reopen(&dir).await?;
+                assert!(
+                    get(&s, 1, 1, 3, 0, TRACT).await? == after,
+                    "{what}: tract 3 is not the retried write"
+                );
+                let mut fresh = vec![0u8; TRACT as usize];
+                fresh[off as usize..(off + len) as usize].copy_from_slice(&piece);
+                assert!(get(&s, 1, 1, 4, 0, TRACT).await? == fresh, "{what}: tract 4 lost");
+            }
+        }
+        // A failed trim of a whole tract and a failed delete: the tract
+        // stays, still writable.
+        let dir = tempfile::tempdir()?;
+        let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+        let disk = Arc::new(DyingDisk { inner: real, armed: false.into(), keep: 0 });
+        let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+        put(&s, 1, 1, 0, 0, &old).await?;
+        disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(s.trim(BlobId(1), 1, TractNo(0), 0, TRACT, ALWAYS).await.is_err());
+        disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(s.delete(BlobId(1), 1, TractNo(0)).await.is_err());
+        assert!(get(&s, 1, 1, 0, 0, TRACT).await? == old, "the failed trim or delete changed the tract");
+        let written =
+            Env::real().timeout(std::time::Duration::from_secs(10), put(&s, 1, 1, 0, 0, &new)).await;
+        assert!(matches!(written, Ok(Ok(()))), "a write after the failed trim and delete: {written:?}");
+        assert!(get(&s, 1, 1, 0, 0, TRACT).await? == new, "the write after the failed trim and delete");
         Ok(())
     }
 
