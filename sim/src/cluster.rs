@@ -281,11 +281,10 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         // still be copying to a member (a server joins late, or rejoins),
         // and rot on its only complete replica would be a second fault
         // (lost data, correctly reported as unreadable), not a bug. Reads must never return it; the scrubber must
-        // repair it. (Not during the writes: a partial write into a rotted
-        // chunk cannot be merged, and once the other replicas have taken
-        // that write no replica has the bytes the rotted chunk's entry
-        // expects, so it stays unwritable until overwritten whole: a known
-        // limitation, design 0004.)
+        // repair it. (Not during the writes, for the same reason: while
+        // servers crash and rows copy, the rotted replica may be a row's
+        // only complete one. A partial write into a rotted chunk heals it
+        // from another replica first, `TractService::heal_chunk`.)
         if flips_due && probe.replicated.load(Ordering::Relaxed) == cfg.clients as u64 {
             flips_due = false;
             let mut hosts: Vec<usize> = (0..total).collect();

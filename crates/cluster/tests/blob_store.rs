@@ -407,6 +407,22 @@ async fn flipped_byte_is_caught_and_served_from_another_replica() -> R {
         .sum();
     assert!(caught > 0, "no damaged replica was ever asked");
     assert!(client.stats().read_fallbacks.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    // A partial write into each damaged chunk: it must merge with bytes
+    // the damaged replica cannot read, so that replica heals the chunk from
+    // another one first (without that the write failed with `Corrupt`, and
+    // once the others held it no replica had the bytes the damaged chunk's
+    // entry expects: the scrubber could not repair it either).
+    let mut want = data.clone();
+    for (k, at) in [(0usize, 5000usize), (1, 14000)] {
+        let piece = pattern(90 + k as u64, 300);
+        b.write(0, at as u32 - 100, Bytes::from(piece.clone())).await?;
+        want[at - 100..at + 200].copy_from_slice(&piece);
+    }
+    for i in damaged {
+        let h = c.tractserver(i).unwrap();
+        let (got, _) = h.service.store.read(b.id(), b.incarnation(), TractNo(0), 0, TRACT).await?;
+        assert!(got[..] == want[..], "tractserver {i} does not hold the writes into its damaged chunks");
+    }
     c.stop().await;
     Ok(())
 }

@@ -28,8 +28,14 @@
 //! before its latest write (which the entry also accepts, for a write cut
 //! off by a crash): that write then reached no other replica in a whole
 //! pass, so it was never acknowledged.
+//!
+//! A write is less picky (`TractService::heal_chunk`): a partial write into
+//! a chunk this server cannot read takes the chunk from a complete
+//! replica, whatever it holds, before it merges.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -204,6 +210,87 @@ impl TractService {
         }
     }
 
+    /// The row's complete members other than this server, in column order
+    /// (a lower column holds a superset), and the request that copies the
+    /// tract from them.
+    fn copy_sources(&self, blob: BlobId, tract: TractNo) -> Option<(Vec<TsId>, Request)> {
+        let me = self.store.disk_id();
+        let rows = self.row_index();
+        let len = rows.assignment.tlt_len as usize;
+        if len == 0 {
+            return None;
+        }
+        let row = locator(blob, tract, len) as u32;
+        let r = rows.assignment.rows.iter().find(|r| r.row == row)?;
+        let peers = r.members.iter().copied().filter(|m| *m != me && !r.filling.contains(m)).collect();
+        Some((peers, Request::CopyTract { row, row_version: r.version, tract: RowTract { blob, tract } }))
+    }
+
+    /// Chunk `chunk` of the tract as `peer` holds it at incarnation `inc`:
+    /// `None` if it cannot say (unreachable, another incarnation),
+    /// `Some(None)` if it never stored the chunk.
+    async fn peer_chunk(
+        &self,
+        peer: TsId,
+        req: &Request,
+        inc: Incarnation,
+        chunk: u32,
+    ) -> Option<Option<Bytes>> {
+        let Ok((Reply::TractCopy { incarnation, bitmap, .. }, data)) = self.call_peer_data(peer, req).await
+        else {
+            return None;
+        };
+        if incarnation != inc {
+            return None;
+        }
+        if bitmap.get((chunk / 8) as usize).is_none_or(|b| b & (1 << (chunk % 8)) == 0) {
+            return Some(None);
+        }
+        // The chunk's place among the present chunks sent.
+        let before: u32 =
+            (0..chunk).filter(|i| bitmap[(*i / 8) as usize] & (1 << (i % 8)) != 0).count() as u32;
+        let (s, e) = ((before * CHUNK_SIZE) as usize, ((before + 1) * CHUNK_SIZE) as usize);
+        (e <= data.len()).then(|| Some(data.slice(s..e)))
+    }
+
+    /// Makes a chunk this server cannot read readable again before a
+    /// partial write merges into it (the write failed with `Corrupt`).
+    /// Such a chunk (a crash kept an unacknowledged overwrite's data but
+    /// lost its entry, or rot) would otherwise refuse every partial write,
+    /// and the scrubber cannot repair it once the other replicas took a
+    /// newer write: none holds the bytes its entry expects. Its bytes here
+    /// are lost anyway, and every complete member of the row holds every
+    /// acknowledged write, so the first that answers gives the chunk
+    /// (zeros if it never stored it). Bytes of writes not yet acknowledged
+    /// may come along, which a write that was not acknowledged allows.
+    /// Returns whether the chunk is readable now.
+    pub(crate) async fn heal_chunk(
+        &self,
+        blob: BlobId,
+        inc: Incarnation,
+        tract: TractNo,
+        chunk: u32,
+    ) -> bool {
+        let Some((peers, req)) = self.copy_sources(blob, tract) else { return false };
+        for peer in peers {
+            let Some(got) = self.peer_chunk(peer, &req, inc, chunk).await else { continue };
+            let data = got.unwrap_or_else(|| Bytes::from(vec![0u8; CHUNK_SIZE as usize]));
+            return match self.store.heal_chunk(blob, inc, tract, chunk, data).await {
+                Ok(healed) => {
+                    if healed {
+                        tracing::warn!(%blob, %tract, chunk, from = %peer, "healed an unreadable chunk a write needed");
+                    }
+                    true
+                }
+                Err(e) => {
+                    tracing::error!(%blob, %tract, chunk, error = %e, "cannot heal an unreadable chunk");
+                    false
+                }
+            };
+        }
+        false
+    }
+
     /// Fetches the tract from the row's other members, in column order (a
     /// lower column holds a superset), and installs the damaged chunk from
     /// the first that has the bytes this server's entry expects.
@@ -215,36 +302,10 @@ impl TractService {
         chunk: u32,
         allow_prev: bool,
     ) -> bool {
-        let me = self.store.disk_id();
-        let rows = self.row_index();
-        let len = rows.assignment.tlt_len as usize;
-        if len == 0 {
-            return false;
-        }
-        let row = locator(blob, tract, len) as u32;
-        let Some(r) = rows.assignment.rows.iter().find(|r| r.row == row) else { return false };
-        let peers: Vec<TsId> =
-            r.members.iter().copied().filter(|m| *m != me && !r.filling.contains(m)).collect();
-        let req = Request::CopyTract { row, row_version: r.version, tract: RowTract { blob, tract } };
+        let Some((peers, req)) = self.copy_sources(blob, tract) else { return false };
         for peer in peers {
-            let Ok((Reply::TractCopy { incarnation, bitmap, .. }, data)) =
-                self.call_peer_data(peer, &req).await
-            else {
-                continue;
-            };
-            if incarnation != inc
-                || bitmap.get((chunk / 8) as usize).is_none_or(|b| b & (1 << (chunk % 8)) == 0)
-            {
-                continue;
-            }
-            // The chunk's place among the present chunks sent.
-            let before: u32 =
-                (0..chunk).filter(|i| bitmap[(*i / 8) as usize] & (1 << (i % 8)) != 0).count() as u32;
-            let (s, e) = ((before * CHUNK_SIZE) as usize, ((before + 1) * CHUNK_SIZE) as usize);
-            if e > data.len() {
-                continue;
-            }
-            match self.store.repair_chunk(blob, inc, tract, chunk, data.slice(s..e), allow_prev).await {
+            let Some(Some(data)) = self.peer_chunk(peer, &req, inc, chunk).await else { continue };
+            match self.store.repair_chunk(blob, inc, tract, chunk, data, allow_prev).await {
                 Ok(true) => {
                     tracing::warn!(%blob, %tract, chunk, from = %peer, "repaired a damaged chunk from another replica");
                     return true;

@@ -442,9 +442,9 @@ impl TractService {
                 } else {
                     (Durability::Cached, Reply::Boot { boot: self.boot })
                 };
-                let r = self
-                    .store
-                    .write_with(
+                let current = || caller.is_current();
+                let write = |data: Bytes| {
+                    self.store.write_with(
                         addr.blob,
                         addr.incarnation,
                         addr.tract,
@@ -453,9 +453,18 @@ impl TractService {
                         data,
                         &crcs,
                         durable,
-                        &|| caller.is_current(),
+                        &current,
                     )
-                    .await;
+                };
+                let mut r = write(data.clone()).await;
+                // A partial write into a chunk this replica cannot read
+                // (it must merge with the chunk's bytes): heal the chunk
+                // from a complete replica, then try once more.
+                if let Err(StoreError::Corrupt { chunk, .. }) = r {
+                    if self.heal_chunk(addr.blob, addr.incarnation, addr.tract, chunk).await {
+                        r = write(data).await;
+                    }
+                }
                 (r.map(|_| reply).map_err(store_err), Bytes::new())
             }
             Request::SyncDisk => {

@@ -900,6 +900,67 @@ impl Store {
         Ok(true)
     }
 
+    /// Gives a chunk this server cannot read (its bytes match no CRC its
+    /// entry accepts) the contents `data`, taken from a complete replica,
+    /// so that partial writes can merge into it again (`TractService::
+    /// heal_chunk` says why that is safe). Under the slot lock; does nothing
+    /// and returns false if the chunk reads fine by now (healed, rewritten)
+    /// or the tract is not stored here at `incarnation`. Durable on return.
+    pub async fn heal_chunk(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        chunk: u32,
+        data: Bytes,
+    ) -> Result<bool, StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        if data.len() != CHUNK_SIZE as usize || chunk >= self.layout.chunks_per_tract() {
+            return Ok(false);
+        }
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(false) };
+        let Some(cell) = self.slots.get(slot as usize) else { return Ok(false) };
+        let mut g = cell.write().await;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+        {
+            return Ok(false);
+        }
+        let generation = g.entry.generation;
+        let Some(e) =
+            g.chunks.get(chunk as usize).copied().filter(|e| e.generation == generation && generation != 0)
+        else {
+            // Unwritten: reads as zeros, nothing to heal.
+            return Ok(false);
+        };
+        let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
+        if e.accepts(crc32c(&self.disk.read_at(at, CHUNK_SIZE as usize).await?)) {
+            return Ok(false);
+        }
+        let healed = ChunkEntry { crc: crc32c(&data), generation, prev_crc: 0, prev_generation: 0 };
+        let mut entry = Vec::with_capacity(CHUNK_ENTRY_LEN as usize);
+        healed.encode_into(&mut entry);
+        // Data, then entry: cut off in between, the chunk is as unreadable
+        // as before. Memory changes only once both are on disk.
+        {
+            let _slot = self.writers.acquire().await;
+            self.disk
+                .write_at(vec![(at, data), (self.layout.chunk_entry_offset(slot, chunk), Bytes::from(entry))])
+                .await?;
+        }
+        if let Some(c) = g.chunks.get_mut(chunk as usize) {
+            *c = healed;
+        }
+        drop(g);
+        self.commit.sync().await.map_err(|_| StoreError::Failed)?;
+        self.stats.repaired_chunks.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// Unmaps `[offset, offset + len)` of a tract: whole chunks are marked
     /// unwritten (they read as zeros), partial chunks are zeroed in place,
     /// and a tract left with nothing written gives its slot back. Durable
