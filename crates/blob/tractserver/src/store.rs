@@ -108,6 +108,18 @@ struct SlotState {
     max_generation: u32,
 }
 
+/// A written chunk of a tract, its slot write-locked
+/// (`Store::lock_written_chunk`).
+struct LockedChunk<'a> {
+    slot: u32,
+    g: tokio::sync::RwLockWriteGuard<'a, SlotState>,
+    entry: ChunkEntry,
+    /// Where the chunk's data lies on the disk.
+    at: u64,
+    /// What the disk holds there now.
+    now: Bytes,
+}
+
 struct Index {
     map: HashMap<(BlobId, TractNo), u32>,
     /// Free slots, lowest last so allocation fills the disk from the front.
@@ -843,6 +855,46 @@ impl Store {
         Ok((data, crcs))
     }
 
+    /// For [`Store::repair_chunk`] and [`Store::heal_chunk`]: the slot of a
+    /// tract stored here at `incarnation`, write-locked (no client write to
+    /// the tract runs meanwhile), with chunk `chunk`'s entry, where its data
+    /// lies and what it holds now. `None` if the tract is not stored here at
+    /// that incarnation, the chunk was never written, or `len` is not one
+    /// chunk.
+    async fn lock_written_chunk(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        chunk: u32,
+        len: usize,
+    ) -> Result<Option<LockedChunk<'_>>, StoreError> {
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
+        if len != CHUNK_SIZE as usize || chunk >= self.layout.chunks_per_tract() {
+            return Ok(None);
+        }
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(None) };
+        let Some(cell) = self.slots.get(slot as usize) else { return Ok(None) };
+        let g = cell.write().await;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+        {
+            return Ok(None);
+        }
+        let gen = g.entry.generation;
+        let Some(entry) = g.chunks.get(chunk as usize).copied().filter(|e| e.generation == gen && gen != 0)
+        else {
+            return Ok(None);
+        };
+        let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
+        let now = self.disk.read_at(at, CHUNK_SIZE as usize).await?;
+        Ok(Some(LockedChunk { slot, g, entry, at, now }))
+    }
+
     /// Rewrites chunk `chunk` of a tract whose stored bytes fail their CRC
     /// (bit rot) with `data` from another replica. Only bytes this chunk's
     /// entry expects are accepted: a replica holding other contents (a
@@ -858,30 +910,11 @@ impl Store {
         data: Bytes,
         allow_prev: bool,
     ) -> Result<bool, StoreError> {
-        if self.commit.failed() {
-            return Err(StoreError::Failed);
-        }
-        if data.len() != CHUNK_SIZE as usize || chunk >= self.layout.chunks_per_tract() {
-            return Ok(false);
-        }
-        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(false) };
-        let Some(cell) = self.slots.get(slot as usize) else { return Ok(false) };
-        // The write lock: no client write to this tract runs meanwhile.
-        let g = cell.write().await;
-        if !(g.entry.used
-            && g.entry.blob == blob
-            && g.entry.tract == tract
-            && g.entry.incarnation == incarnation)
-        {
-            return Ok(false);
-        }
-        let gen = g.entry.generation;
-        let Some(e) = g.chunks.get(chunk as usize).copied().filter(|e| e.generation == gen && gen != 0)
+        let Some(LockedChunk { g, entry: e, at, now, .. }) =
+            self.lock_written_chunk(blob, incarnation, tract, chunk, data.len()).await?
         else {
             return Ok(false);
         };
-        let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
-        let now = self.disk.read_at(at, CHUNK_SIZE as usize).await?;
         // The chunk's current contents; the previous ones (which the entry
         // also accepts, for a write cut off by a crash) only if the caller
         // says so: a replica holding those may just not have applied the
@@ -914,34 +947,17 @@ impl Store {
         chunk: u32,
         data: Bytes,
     ) -> Result<bool, StoreError> {
-        if self.commit.failed() {
-            return Err(StoreError::Failed);
-        }
-        if data.len() != CHUNK_SIZE as usize || chunk >= self.layout.chunks_per_tract() {
-            return Ok(false);
-        }
-        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(false) };
-        let Some(cell) = self.slots.get(slot as usize) else { return Ok(false) };
-        let mut g = cell.write().await;
-        if !(g.entry.used
-            && g.entry.blob == blob
-            && g.entry.tract == tract
-            && g.entry.incarnation == incarnation)
-        {
-            return Ok(false);
-        }
-        let generation = g.entry.generation;
-        let Some(e) =
-            g.chunks.get(chunk as usize).copied().filter(|e| e.generation == generation && generation != 0)
+        // An unwritten chunk reads as zeros: nothing to heal.
+        let Some(LockedChunk { slot, mut g, entry: e, at, now }) =
+            self.lock_written_chunk(blob, incarnation, tract, chunk, data.len()).await?
         else {
-            // Unwritten: reads as zeros, nothing to heal.
             return Ok(false);
         };
-        let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
-        if e.accepts(crc32c(&self.disk.read_at(at, CHUNK_SIZE as usize).await?)) {
+        if e.accepts(crc32c(&now)) {
             return Ok(false);
         }
-        let healed = ChunkEntry { crc: crc32c(&data), generation, prev_crc: 0, prev_generation: 0 };
+        let healed =
+            ChunkEntry { crc: crc32c(&data), generation: e.generation, prev_crc: 0, prev_generation: 0 };
         let mut entry = Vec::with_capacity(CHUNK_ENTRY_LEN as usize);
         healed.encode_into(&mut entry);
         // Data, then entry: cut off in between, the chunk is as unreadable
