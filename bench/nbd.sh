@@ -201,6 +201,12 @@ start_server() { # name file-or-dir port
             [ $SECONDS -lt "$deadline" ] || { echo "blizzard up not ready after 180 s" >&2; exit 1; }
             sleep 0.2
         done
+        # New disk files are zero-filled in the background (zero_fill.rs);
+        # rows measured while that runs would share the disk with it.
+        until [ "$(grep -c 'zero-fill done' "$SERVER_LOG")" -ge "$(grep -c 'zero-filling the disk' "$SERVER_LOG")" ]; do
+            [ $SECONDS -lt "$deadline" ] || { echo "zero-fill not done after 180 s" >&2; exit 1; }
+            sleep 0.5
+        done
     fi
     wait_nbd "nbd://127.0.0.1:$port/$EXPORT" "$SERVER_PID" 60
 }

@@ -74,6 +74,9 @@ async fn main() -> Result<()> {
     // Room for this tractserver's share with generous slack for uneven placement.
     cfg.disk_size = (per_ts * 2 + 8) * tract + (64 << 20);
     let cluster = Cluster::start(Env::real(), cfg).await.context("starting the cluster")?;
+    // New disk files are zero-filled in the background first; measuring
+    // alongside that would charge its writes to the benchmark.
+    cluster.wait_disks_prepared(Duration::from_secs(600)).await?;
     let client = cluster.client().await?;
     let blob = client.create_blob(None, a.replication).await?;
     blob.extend_to(tracts).await?;

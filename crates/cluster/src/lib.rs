@@ -203,6 +203,20 @@ impl Cluster {
         }
     }
 
+    /// Waits until no running tractserver's disk is busy with background
+    /// work of its own (new disk files are zero-filled once): for
+    /// benchmarks, which should not measure alongside it.
+    pub async fn wait_disks_prepared(&self, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = self.env.now() + timeout;
+        while self.tractservers.iter().flatten().any(|t| t.service.store.disk_busy_preparing()) {
+            if self.env.now() >= deadline {
+                return Err(ClusterError::NotReady(timeout, "disks still being zero-filled".into()));
+            }
+            self.env.sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
     /// A client of this cluster.
     pub async fn client(&self) -> Result<Client, ClusterError> {
         Ok(Client::connect(self.env.clone(), ClientConfig::new(self.meta_addr.clone())).await?)

@@ -9,6 +9,7 @@
 
 mod local;
 mod real;
+mod zero_fill;
 
 use std::io;
 use std::path::Path;
@@ -85,6 +86,12 @@ pub trait Disk: Send + Sync {
     /// the caller could stall other work for long.
     fn sync_alone(&self) -> BoxFuture<'static, io::Result<()>> {
         self.sync()
+    }
+    /// Whether the disk is still doing background work of its own that
+    /// shares the device with the server's I/O (a real disk file being
+    /// zero-filled). Benchmarks wait for it to end before measuring.
+    fn busy_preparing(&self) -> bool {
+        false
     }
 }
 

@@ -354,6 +354,12 @@ impl Store {
     }
 
     /// Number of `fdatasync` calls so far.
+    /// Whether the disk still runs background work of its own
+    /// ([`Disk::busy_preparing`]).
+    pub fn disk_busy_preparing(&self) -> bool {
+        self.disk.busy_preparing()
+    }
+
     pub fn syncs(&self) -> u64 {
         self.commit.syncs()
     }
