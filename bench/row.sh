@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One fio row through NBD against a fresh `blizzard up`, for A/B runs
+# between two builds (run it alternately with each BIN):
+#
+#   BIN=path/to/blizzard RW=randwrite BS=4k QD=1 bench/row.sh
+#
+# Environment (all optional):
+#   BIN=target/release/blizzard   the binary under test
+#   MODE=write-through            --mode of the volume (fast-ack, log)
+#   FLUSH=durable                 --flush policy (ordered)
+#   RW=write BS=1M QD=8           the fio row
+#   RUNTIME=5                     seconds
+#   PREFILL=1                     write the 1 GiB volume sequentially first
+#                                 (0: measure a fresh volume, as a new VM sees it)
+#   DIR=/var/tmp/blizzard-row     data directory, removed before and after
+#   PORT=10939                    NBD port (the metadata server takes PORT+1)
+#
+# Prints one line: IOPS, MB/s, mean latency and the server's CPU time per
+# operation (utime+stime from /proc, from just before fio until one second
+# after it). Needs fio with the nbd engine; root for drop_caches.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/blizzard}
+MODE=${MODE:-write-through}
+FLUSH=${FLUSH:-durable}
+RW=${RW:-write}
+BS=${BS:-1M}
+QD=${QD:-8}
+RUNTIME=${RUNTIME:-5}
+PREFILL=${PREFILL:-1}
+DIR=${DIR:-/var/tmp/blizzard-row}
+PORT=${PORT:-10939}
+URI=nbd://127.0.0.1:$PORT/disk
+LOG=$(mktemp)
+
+rm -rf "$DIR"
+"$BIN" up --data "$DIR" --listen "127.0.0.1:$PORT" --meta-listen "127.0.0.1:$((PORT + 1))" \
+    --tractservers 4 --replication 1 --mode "$MODE" --flush "$FLUSH" --size 1GiB > "$LOG" 2>&1 &
+PID=$!
+trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$LOG"' EXIT
+
+deadline=$((SECONDS + 180))
+until grep -q 'stops it cleanly' "$LOG"; do
+    kill -0 $PID 2>/dev/null || { cat "$LOG" >&2; exit 1; }
+    [ $SECONDS -lt $deadline ] || { echo "bench/row.sh: server not ready after 180 s" >&2; exit 1; }
+    sleep 0.2
+done
+# New disk files are zero-filled in the background first (env::zero_fill;
+# builds before it log neither line).
+until [ "$(grep -c 'zero-fill done' "$LOG")" -ge "$(grep -c 'zero-filling the disk' "$LOG")" ]; do
+    [ $SECONDS -lt $deadline ] || { echo "bench/row.sh: zero-fill not done after 180 s" >&2; exit 1; }
+    sleep 0.5
+done
+if [ "$PREFILL" = 1 ]; then
+    fio --name=prefill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size=1G > /dev/null
+fi
+sync
+if [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; fi
+sleep 1
+
+cpu() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+c0=$(cpu)
+out=$(fio --name=row --ioengine=nbd --uri="$URI" --rw="$RW" --bs="$BS" --iodepth="$QD" --size=1G \
+    --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
+sleep 1
+c1=$(cpu)
+python3 - "$out" "$((c1 - c0))" "$(getconf CLK_TCK)" "$BIN" "$MODE $RW bs=$BS qd=$QD prefill=$PREFILL" <<'EOF'
+import json, sys
+j = json.loads(sys.argv[1][sys.argv[1].index("{"):])["jobs"][0]
+ticks, hz, binary, row = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+ops = j["read"]["total_ios"] + j["write"]["total_ios"]
+iops = j["read"]["iops"] + j["write"]["iops"]
+mbps = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
+lat = max(j["read"]["clat_ns"]["mean"], j["write"]["clat_ns"]["mean"]) / 1e3
+cpu = ticks / hz * 1e6 / max(ops, 1)
+print(f"{row}: {iops:,.0f} IOPS, {mbps:,.0f} MB/s, mean {lat:,.0f} µs, server CPU {cpu:,.1f} µs/op  [{binary}]")
+EOF
