@@ -208,7 +208,7 @@ impl Cluster {
     /// benchmarks, which should not measure alongside it.
     pub async fn wait_disks_prepared(&self, timeout: Duration) -> Result<(), ClusterError> {
         let deadline = self.env.now() + timeout;
-        while self.tractservers.iter().flatten().any(|t| t.service.store.disk_busy_preparing()) {
+        while self.tractservers.iter().flatten().any(|t| t.service.store.disk_preparing_left() > 0) {
             if self.env.now() >= deadline {
                 return Err(ClusterError::NotReady(timeout, "disks still being zero-filled".into()));
             }

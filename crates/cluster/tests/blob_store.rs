@@ -711,3 +711,34 @@ async fn a_write_from_a_replaced_connection_is_not_applied() -> Result<(), Box<d
     c.stop().await;
     Ok(())
 }
+
+/// A new disk file is zero-filled in the background: its tractserver's
+/// metrics show the bytes left, which reach 0, and writes made while the
+/// fill runs read back afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_disks_zero_fill_shows_in_metrics() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, 2, 1, 256 << 20).await;
+    let gauge = |i: usize| {
+        c.tractserver(i).map(|t| t.service.metrics_text()).and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("blizzard_disk_zero_fill_bytes_left "))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+    };
+    assert!(gauge(0).is_some(), "the metrics name the zero-fill");
+    let client = c.client().await?;
+    let b = client.create_blob(None, 1).await?;
+    b.extend_to(4).await?;
+    for t in 0..4 {
+        b.write(t, 0, Bytes::from(pattern(t, TRACT as usize))).await?;
+    }
+    c.wait_disks_prepared(Duration::from_secs(120)).await?;
+    for i in 0..2 {
+        assert_eq!(gauge(i), Some(0.0), "tractserver {i} still reports bytes left");
+    }
+    for t in 0..4 {
+        assert!(b.read(t, 0, TRACT).await?[..] == pattern(t, TRACT as usize)[..], "tract {t}");
+    }
+    Ok(())
+}

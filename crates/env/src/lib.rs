@@ -87,11 +87,12 @@ pub trait Disk: Send + Sync {
     fn sync_alone(&self) -> BoxFuture<'static, io::Result<()>> {
         self.sync()
     }
-    /// Whether the disk is still doing background work of its own that
-    /// shares the device with the server's I/O (a real disk file being
-    /// zero-filled). Benchmarks wait for it to end before measuring.
-    fn busy_preparing(&self) -> bool {
-        false
+    /// Bytes of background work of its own the disk still has ahead,
+    /// sharing the device with the server's I/O (a real disk file being
+    /// zero-filled: the part the filler has not reached yet); 0 when none.
+    /// Shown in `/metrics`; benchmarks wait for 0 before measuring.
+    fn preparing_left(&self) -> u64 {
+        0
     }
 }
 

@@ -356,8 +356,8 @@ impl Disk for RealDisk {
         .boxed()
     }
 
-    fn busy_preparing(&self) -> bool {
-        !self.zero_fill.is_done()
+    fn preparing_left(&self) -> u64 {
+        self.zero_fill.left()
     }
 
     fn sync_alone(&self) -> BoxFuture<'static, io::Result<()>> {

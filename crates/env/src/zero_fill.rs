@@ -39,7 +39,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
@@ -63,6 +63,9 @@ const REST_FACTOR: u32 = 1;
 pub(crate) struct ZeroFill {
     /// Set once no hole is left: writes then skip every step below.
     done: AtomicBool,
+    /// Bytes of the file the running filler has not reached yet; 0 when no
+    /// filler runs (done, or stopped by an error).
+    left: AtomicU64,
     state: Mutex<State>,
     changed: Condvar,
     #[cfg(test)]
@@ -156,6 +159,7 @@ impl ZeroFill {
             zf.done.store(true, Ordering::Release);
         } else {
             st.running = true;
+            zf.left.store(len, Ordering::Relaxed);
             let filler = Filler {
                 zf: Arc::downgrade(&zf),
                 file: file.clone(),
@@ -178,6 +182,11 @@ impl ZeroFill {
     /// Whether every hole has been filled.
     pub(crate) fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
+    }
+
+    /// Bytes of the file the filler has not reached yet (0: none runs).
+    pub(crate) fn left(&self) -> u64 {
+        self.left.load(Ordering::Relaxed)
     }
 
     /// The window being zeroed now (for tests aiming writes at it).
@@ -298,12 +307,14 @@ impl Filler {
                 unsynced = 0;
             }
             window = end;
+            zf.left.store(self.len - end, Ordering::Relaxed);
             drop(zf);
             std::thread::sleep(t.elapsed() * REST_FACTOR);
         };
         let Some(zf) = self.zf.upgrade() else { return };
         let mut st = lock(&zf.state);
         st.running = false;
+        zf.left.store(0, Ordering::Relaxed);
         match result {
             Ok(()) => {
                 zf.done.store(true, Ordering::Release);
@@ -380,6 +391,7 @@ mod tests {
         rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, LEN)?;
         let file = Arc::new(file);
         let zf = ZeroFill::open(&path, &file, None)?;
+        assert!(zf.left() > WINDOW, "progress starts at the file's length");
         // The last window: the filler spends many windows getting there.
         let target = LEN - WINDOW;
         let (reached_tx, reached_rx) = mpsc::channel();
@@ -404,6 +416,7 @@ mod tests {
             assert!(Instant::now() < deadline, "zero-fill did not finish");
             std::thread::sleep(Duration::from_millis(5));
         }
+        assert_eq!(zf.left(), 0, "progress ends at 0");
         let mut got = vec![0u8; 4096];
         file.read_exact_at(&mut got, off)?;
         assert!(got.iter().all(|&b| b == 0xAB), "the write was zeroed (filler passed it: {raced})");

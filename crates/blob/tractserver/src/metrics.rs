@@ -22,6 +22,11 @@ impl TractService {
                 "Requests being served now.",
                 self.inflight.load(Ordering::Relaxed) as f64,
             )
+            .gauge(
+                "blizzard_disk_zero_fill_bytes_left",
+                "Bytes of the disk file the background zero-fill has not reached yet (0: done).",
+                self.store.disk_preparing_left() as f64,
+            )
             .counter("blizzard_tract_reads_total", "Tract reads served.", n(&st.reads))
             .counter("blizzard_tract_writes_total", "Tract writes applied.", n(&st.writes))
             .counter("blizzard_read_bytes_total", "Bytes read from tracts.", n(&st.bytes_read))

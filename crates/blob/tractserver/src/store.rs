@@ -353,13 +353,13 @@ impl Store {
         (self.layout.slot_count as u64, ix.map.len() as u64)
     }
 
-    /// Number of `fdatasync` calls so far.
-    /// Whether the disk still runs background work of its own
-    /// ([`Disk::busy_preparing`]).
-    pub fn disk_busy_preparing(&self) -> bool {
-        self.disk.busy_preparing()
+    /// Bytes of the disk's own background work still ahead
+    /// ([`Disk::preparing_left`]).
+    pub fn disk_preparing_left(&self) -> u64 {
+        self.disk.preparing_left()
     }
 
+    /// Number of `fdatasync` calls so far.
     pub fn syncs(&self) -> u64 {
         self.commit.syncs()
     }
