@@ -411,7 +411,12 @@ async fn run(cli: Cli) -> Result<()> {
             println!("  data in:      {}", data.display());
             if !check {
                 println!("Ctrl-C (or SIGTERM) stops it cleanly.");
-                wait_for_stop_signal().await?;
+                let stop = wait_for_stop_signal();
+                tokio::pin!(stop);
+                tokio::select! {
+                    r = &mut stop => r?,
+                    () = report_zero_fill(&env, &cluster) => stop.await?,
+                }
                 println!("stopping: finishing in-flight requests and flushing volumes");
             }
             let flushed = server.shutdown().await;
@@ -631,6 +636,28 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
 }
 
 /// Waits for Ctrl-C or SIGTERM.
+/// Logs how far the background zero-fill of new disk files has got, every
+/// few seconds until it is done (nothing when no disk is new).
+async fn report_zero_fill(env: &Env, cluster: &Cluster) {
+    let total = cluster.disks_preparing_left();
+    if total == 0 {
+        return;
+    }
+    loop {
+        env.sleep(Duration::from_secs(5)).await;
+        let left = cluster.disks_preparing_left();
+        if left == 0 {
+            tracing::info!("new disks zero-filled");
+            return;
+        }
+        tracing::info!(
+            "zero-filling new disks: {:.0}% done, {} to go",
+            100.0 * (total.saturating_sub(left)) as f64 / total as f64,
+            format_size(left)
+        );
+    }
+}
+
 async fn wait_for_stop_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;

@@ -203,12 +203,19 @@ impl Cluster {
         }
     }
 
+    /// Bytes of background work the running tractservers' disks still have
+    /// ahead of them (new disk files are zero-filled once; see
+    /// `Disk::preparing_left`).
+    pub fn disks_preparing_left(&self) -> u64 {
+        self.tractservers.iter().flatten().map(|t| t.service.store.disk_preparing_left()).sum()
+    }
+
     /// Waits until no running tractserver's disk is busy with background
-    /// work of its own (new disk files are zero-filled once): for
-    /// benchmarks, which should not measure alongside it.
+    /// work of its own: for benchmarks, which should not measure alongside
+    /// it.
     pub async fn wait_disks_prepared(&self, timeout: Duration) -> Result<(), ClusterError> {
         let deadline = self.env.now() + timeout;
-        while self.tractservers.iter().flatten().any(|t| t.service.store.disk_preparing_left() > 0) {
+        while self.disks_preparing_left() > 0 {
             if self.env.now() >= deadline {
                 return Err(ClusterError::NotReady(timeout, "disks still being zero-filled".into()));
             }
