@@ -4,8 +4,12 @@
 //! number of flushes so far). They are issued to the blob store strictly in
 //! epoch order: a write of epoch N+1 is issued only after every write of
 //! epochs ≤ N is durable ("retired"). Within an epoch writes go out in
-//! parallel, except that a write overlapping one still in flight waits for
-//! it, so the later of two acknowledged writes to a byte always wins.
+//! parallel, except that a write overlapping an earlier one not yet durable
+//! is held back until that one is, so the later of two acknowledged writes
+//! to a byte always wins. Writes behind a held one that overlap nothing
+//! held or in flight go out meanwhile: at a high queue depth of random
+//! writes a few collide with a write waiting for its sync, and holding the
+//! whole queue behind them would cap the epoch at one batch per sync.
 //!
 //! After the first `CACHED_AFTER` writes of an epoch, writes go out through
 //! the tractservers' write caches (`write_cached`): a write is "written"
@@ -28,6 +32,10 @@
 //! - A written-but-unsynced write keeps its range in `inflight_ranges`, so
 //!   no later overlapping write goes out before it is durable; a failed
 //!   sync can therefore write it again without undoing a newer one.
+//! - A write goes out only when no earlier write overlapping it is queued,
+//!   held or in flight (`pump`): held writes are older than queued ones, so
+//!   a queued write is checked against everything held, and a held one
+//!   against the held writes before it.
 //! - Until a write is durable its data is in the write cache; reads overlay
 //!   the cache on the blob, so no read returns data older than an
 //!   acknowledged write.
@@ -84,6 +92,16 @@ struct State {
     /// The epoch whose writes may be issued now.
     issue_epoch: u64,
     queue: VecDeque<Op>,
+    /// Writes of `issue_epoch` taken from the queue but held back, in
+    /// acknowledgment order, because they overlap an earlier write that is
+    /// not durable yet.
+    held: VecDeque<Op>,
+    /// The held writes' ranges: (start, seq) → end. They may overlap one
+    /// another.
+    held_ranges: BTreeMap<(u64, u64), u64>,
+    /// The longest held write, so an overlap search knows how far before
+    /// a range to look.
+    held_len_max: u64,
     inflight: BTreeMap<u64, Flight>,
     /// The in-flight ranges by offset (start → end). They never overlap:
     /// `pump` holds back a write that overlaps one in flight.
@@ -176,11 +194,9 @@ impl FastAck {
     /// the in-flight map.
     fn oldest(st: &State) -> Option<Instant> {
         let q = st.queue.front().map(|o| o.acked_at);
+        let h = st.held.front().map(|o| o.acked_at);
         let f = st.inflight.values().next().map(|f| f.acked_at);
-        match (q, f) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [q, h, f].into_iter().flatten().min()
     }
 
     /// Acknowledges a write (or, with `Data::Zero`, a trim) once it fits
@@ -221,7 +237,7 @@ impl FastAck {
             st.out_writes += 1;
             st.queue.push_back(Op { seq, epoch, offset, data, acked_at: self.env.now(), durable: false });
             let room = st.out_writes < self.limits.writes_max as u64 && st.out_bytes < self.limits.bytes_max;
-            (self.pump(&mut st), room)
+            (self.pump(&mut st, false), room)
         };
         let (issue, room) = issue;
         self.spawn(issue);
@@ -239,7 +255,7 @@ impl FastAck {
             let closed = st.curr_epoch;
             st.curr_epoch += 1;
             self.retire(&mut st);
-            let issue = self.pump(&mut st);
+            let issue = self.pump(&mut st, false);
             (closed, (issue, self.sync_action(&mut st)))
         };
         let (issue, sync) = issue;
@@ -285,6 +301,7 @@ impl FastAck {
     /// or in flight.
     fn retire(&self, st: &mut State) {
         while st.issue_epoch < st.curr_epoch
+            && st.held.is_empty()
             && st.queue.front().is_none_or(|o| o.epoch != st.issue_epoch)
             && st.inflight_per_epoch.get(&st.issue_epoch).copied().unwrap_or(0) == 0
         {
@@ -294,40 +311,83 @@ impl FastAck {
         }
     }
 
-    /// Takes every queued write that may be issued now.
-    fn pump(&self, st: &mut State) -> Vec<Op> {
+    /// Takes every write that may be issued now: held writes no longer
+    /// blocked (only worth a look when `freed`, i.e. writes left flight),
+    /// then queued writes of the issue epoch, holding back each one that
+    /// overlaps an earlier write not durable yet.
+    fn pump(&self, st: &mut State, freed: bool) -> Vec<Op> {
         let mut out = Vec::new();
+        if freed && !st.held.is_empty() {
+            for op in std::mem::take(&mut st.held) {
+                let (a, b) = (op.offset, op.offset + op.data.len());
+                // The held writes before this one are still in
+                // `held_ranges`; those already issued were removed.
+                if Self::overlaps_inflight(st, a, b) || Self::overlaps_held(st, a, b, op.seq) {
+                    st.held.push_back(op);
+                } else {
+                    st.held_ranges.remove(&(a, op.seq));
+                    self.issue(st, op, &mut out);
+                }
+            }
+            if st.held.is_empty() {
+                st.held_len_max = 0;
+            }
+        }
         while let Some(front) = st.queue.front() {
             let allowed = front.epoch == st.issue_epoch || self.planted == PlantedBug::IssueAcrossEpochs;
-            let (a, b) = (front.offset, front.offset + front.data.len());
-            // In-flight ranges are disjoint, so only the last one starting
-            // before `b` can overlap [a, b).
-            let overlaps = st.inflight_ranges.range(..b).next_back().is_some_and(|(_, &end)| end > a);
-            if !allowed || overlaps {
+            if !allowed {
                 break;
             }
-            let Some(mut op) = st.queue.pop_front() else { break };
-            if !op.data.is_empty() {
-                st.inflight_ranges.insert(op.offset, op.offset + op.data.len());
+            let Some(op) = st.queue.pop_front() else { break };
+            let (a, b) = (op.offset, op.offset + op.data.len());
+            // Every held write is older than every queued one.
+            if Self::overlaps_inflight(st, a, b) || Self::overlaps_held(st, a, b, op.seq) {
+                st.held_ranges.insert((a, op.seq), b);
+                st.held_len_max = st.held_len_max.max(b - a);
+                st.held.push_back(op);
+            } else {
+                self.issue(st, op, &mut out);
             }
-            let cached_after = CACHED_AFTER.min(self.limits.writes_max as u64 / 16);
-            op.durable = op.epoch < st.curr_epoch || st.issued_in_epoch < cached_after;
-            st.issued_in_epoch += 1;
-            st.writing += 1;
-            st.inflight.insert(
-                op.seq,
-                Flight {
-                    epoch: op.epoch,
-                    offset: op.offset,
-                    len: op.data.len(),
-                    acked_at: op.acked_at,
-                    data: op.data.clone(),
-                },
-            );
-            *st.inflight_per_epoch.entry(op.epoch).or_default() += 1;
-            out.push(op);
         }
         out
+    }
+
+    fn overlaps_inflight(st: &State, a: u64, b: u64) -> bool {
+        // In-flight ranges are disjoint, so only the last one starting
+        // before `b` can overlap [a, b).
+        st.inflight_ranges.range(..b).next_back().is_some_and(|(_, &end)| end > a)
+    }
+
+    /// Whether a held write older than `seq` overlaps [a, b).
+    fn overlaps_held(st: &State, a: u64, b: u64, seq: u64) -> bool {
+        if st.held_ranges.is_empty() {
+            return false;
+        }
+        let from = (a.saturating_sub(st.held_len_max), 0);
+        st.held_ranges.range(from..(b, 0)).any(|(&(_, s), &end)| s < seq && end > a)
+    }
+
+    /// Puts a write in flight.
+    fn issue(&self, st: &mut State, mut op: Op, out: &mut Vec<Op>) {
+        if !op.data.is_empty() {
+            st.inflight_ranges.insert(op.offset, op.offset + op.data.len());
+        }
+        let cached_after = CACHED_AFTER.min(self.limits.writes_max as u64 / 16);
+        op.durable = op.epoch < st.curr_epoch || st.issued_in_epoch < cached_after;
+        st.issued_in_epoch += 1;
+        st.writing += 1;
+        st.inflight.insert(
+            op.seq,
+            Flight {
+                epoch: op.epoch,
+                offset: op.offset,
+                len: op.data.len(),
+                acked_at: op.acked_at,
+                data: op.data.clone(),
+            },
+        );
+        *st.inflight_per_epoch.entry(op.epoch).or_default() += 1;
+        out.push(op);
     }
 
     fn spawn(self: &Arc<Self>, ops: Vec<Op>) {
@@ -383,9 +443,12 @@ impl FastAck {
         // until its writes are synced: one sync once all of them are
         // written (only the issue epoch has writes out).
         let epoch_waits = st.curr_epoch > st.issue_epoch && st.writing == 0;
+        // Held writes wait for this sync, and nothing else is being
+        // written that a later one could batch with.
+        let held_waits = !st.held.is_empty() && st.writing == 0;
         let full = st.unsynced.len() as u64 >= (self.limits.writes_max as u64 / SYNC_BATCH_DIV).max(1)
             || st.unsynced_bytes >= (self.limits.bytes_max / SYNC_BATCH_DIV).max(1);
-        if epoch_waits || full || st.sync_due || self.planted == PlantedBug::SkipCacheSync {
+        if epoch_waits || held_waits || full || st.sync_due || self.planted == PlantedBug::SkipCacheSync {
             st.syncing = true;
             st.sync_due = false;
             st.unsynced_bytes = 0;
@@ -485,11 +548,172 @@ impl FastAck {
                 st.out_writes -= 1;
             }
             self.retire(&mut st);
-            (self.pump(&mut st), self.sync_action(&mut st))
+            (self.pump(&mut st, true), self.sync_action(&mut st))
         };
         self.spawn(issue);
         self.run(action);
         self.changed.notify_waiters();
         self.room.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::IoError;
+    use futures::future::BoxFuture;
+    use futures::FutureExt;
+    use tokio::sync::Semaphore;
+
+    /// A blob whose writes land at once and whose syncs wait for a permit
+    /// from the test; it records every write in the order it arrived.
+    struct GatedSyncs {
+        writes: Mutex<Vec<(u64, u32, u8)>>,
+        /// Tract → its bytes, as written.
+        tracts: Mutex<BTreeMap<u64, Vec<u8>>>,
+        gate: Arc<Semaphore>,
+    }
+
+    impl GatedSyncs {
+        fn new(permits: usize) -> Arc<GatedSyncs> {
+            Arc::new(GatedSyncs {
+                writes: Mutex::new(Vec::new()),
+                tracts: Mutex::new(BTreeMap::new()),
+                gate: Arc::new(Semaphore::new(permits)),
+            })
+        }
+
+        fn land(&self, tract: u64, offset: u32, data: &[u8]) {
+            self.writes.lock().expect("test lock").push((tract, offset, data[0]));
+            let mut tracts = self.tracts.lock().expect("test lock");
+            let t = tracts.entry(tract).or_insert_with(|| vec![0; 1 << 20]);
+            t[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        }
+    }
+
+    impl BlobIo for GatedSyncs {
+        fn tract_size(&self) -> u32 {
+            1 << 20
+        }
+        fn replication(&self) -> u8 {
+            1
+        }
+        fn size_tracts(&self) -> u64 {
+            64
+        }
+        fn extend_to(&self, tracts: u64) -> BoxFuture<'static, Result<u64, IoError>> {
+            async move { Ok(tracts) }.boxed()
+        }
+        fn write(&self, tract: u64, offset: u32, data: Bytes) -> BoxFuture<'static, Result<(), IoError>> {
+            self.land(tract, offset, &data);
+            async { Ok(()) }.boxed()
+        }
+        fn read(&self, _: u64, _: u32, len: u32) -> BoxFuture<'static, Result<Bytes, IoError>> {
+            async move { Ok(Bytes::from(vec![0; len as usize])) }.boxed()
+        }
+        fn read_replicas(&self, _: u64, _: u32, _: u32) -> BoxFuture<'static, Result<Vec<Bytes>, IoError>> {
+            async { Ok(Vec::new()) }.boxed()
+        }
+        fn trim(&self, _: u64, _: u32, _: u32) -> BoxFuture<'static, Result<(), IoError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn write_cached(
+            &self,
+            tract: u64,
+            offset: u32,
+            data: Bytes,
+        ) -> BoxFuture<'static, Result<CacheReceipt, IoError>> {
+            self.land(tract, offset, &data);
+            async { Ok(vec![("gated".to_string(), 0)]) }.boxed()
+        }
+        fn sync(&self, _: CacheReceipt) -> BoxFuture<'static, Result<(), IoError>> {
+            let gate = self.gate.clone();
+            async move {
+                let permit = gate.acquire().await.map_err(|e| IoError::Other(e.to_string()))?;
+                permit.forget();
+                Ok(())
+            }
+            .boxed()
+        }
+    }
+
+    async fn settle() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A write that overlaps one waiting for its sync is held back, but the
+    /// writes behind it that overlap nothing still go out; the held one
+    /// follows once the sync covered what it overlaps, so the last write
+    /// to a byte still lands last.
+    #[tokio::test]
+    async fn writes_behind_a_held_write_go_out() {
+        let io = GatedSyncs::new(0);
+        let striping =
+            Striping { tract_size: 1 << 20, block_size: 64 << 10, segment_tracts: 1, first_tract: 0 };
+        // A sixteenth of 16 writes: only the first write of the epoch is
+        // written durably, the rest through the cache.
+        let limits = ExposureLimits { bytes_max: 64 << 20, writes_max: 16, age_ms_max: 60_000 };
+        let fa = FastAck::new(Env::real(), io.clone(), striping, limits, PlantedBug::None);
+        let block = |v: u8| Data::Bytes(Bytes::from(vec![v; 4096]));
+
+        fa.write(0, block(1)).await.expect("fast-ack call");
+        settle().await;
+        fa.write(0, block(2)).await.expect("fast-ack call");
+        settle().await;
+        // Overlaps the write of 2, which waits for a sync: held.
+        fa.write(0, block(3)).await.expect("fast-ack call");
+        // Overlap nothing: out at once, behind the held write.
+        fa.write(1 << 20, block(4)).await.expect("fast-ack call");
+        fa.write(2 << 20, block(5)).await.expect("fast-ack call");
+        settle().await;
+        let seen: Vec<u8> = io.writes.lock().expect("test lock").iter().map(|w| w.2).collect();
+        assert_eq!(seen, vec![1, 2, 4, 5], "the held write went out early, or blocked the ones behind it");
+
+        // Let every sync through: the held write goes out after the one it
+        // overlaps became durable, and a durable flush covers it.
+        io.gate.add_permits(1000);
+        fa.flush(true).await.expect("fast-ack call");
+        let at_zero: Vec<u8> = io
+            .writes
+            .lock()
+            .expect("test lock")
+            .iter()
+            .filter(|w| w.0 == 0 && w.1 == 0)
+            .map(|w| w.2)
+            .collect();
+        assert_eq!(at_zero, vec![1, 2, 3]);
+        assert_eq!(fa.outstanding(), (0, 0));
+    }
+
+    /// Writes overlapping one another while held keep their order, also
+    /// when a later one overlaps only a held write, not the one in flight:
+    /// the blob ends up as the last write to each byte left it.
+    #[tokio::test]
+    async fn held_writes_keep_last_writer_wins() {
+        let io = GatedSyncs::new(1000);
+        let striping =
+            Striping { tract_size: 1 << 20, block_size: 64 << 10, segment_tracts: 1, first_tract: 0 };
+        let limits = ExposureLimits { bytes_max: 64 << 20, writes_max: 64, age_ms_max: 60_000 };
+        let fa = FastAck::new(Env::real(), io.clone(), striping, limits, PlantedBug::None);
+        let mut model = vec![0u8; 3 * 4096];
+        for v in 1..=30u8 {
+            // [0, 4K), then [0, 8K) (held behind it), then [4K, 12K), which
+            // overlaps only the held one, and so on.
+            let (off, len) = match v % 3 {
+                1 => (0, 4096),
+                2 => (0, 8192),
+                _ => (4096, 8192),
+            };
+            model[off..off + len].fill(v);
+            fa.write(off as u64, Data::Bytes(Bytes::from(vec![v; len]))).await.expect("fast-ack call");
+            if v % 7 == 0 {
+                settle().await;
+            }
+        }
+        fa.flush(true).await.expect("fast-ack call");
+        let tracts = io.tracts.lock().expect("test lock");
+        assert_eq!(&tracts[&0][..model.len()], &model[..]);
     }
 }
