@@ -16,7 +16,7 @@
 #   PORT=10939                    NBD port (the metadata server takes PORT+1)
 #
 # Prints one line: IOPS, MB/s, mean latency and the server's CPU time per
-# operation (utime+stime from /proc, from just before fio until one second
+# operation (utime+stime from /proc, and utime alone, from just before fio until one second
 # after it). Needs fio with the nbd engine; root for drop_caches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,12 +59,15 @@ if [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; fi
 sleep 1
 
 cpu() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
+ucpu() { awk '{print $14}' "/proc/$PID/stat"; }
 c0=$(cpu)
+u0=$(ucpu)
 out=$(fio --name=row --ioengine=nbd --uri="$URI" --rw="$RW" --bs="$BS" --iodepth="$QD" --size=1G \
     --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
 sleep 1
 c1=$(cpu)
-python3 - "$out" "$((c1 - c0))" "$(getconf CLK_TCK)" "$BIN" "$MODE $RW bs=$BS qd=$QD prefill=$PREFILL" <<'EOF'
+u1=$(ucpu)
+python3 - "$out" "$((c1 - c0))" "$(getconf CLK_TCK)" "$BIN" "$MODE $RW bs=$BS qd=$QD prefill=$PREFILL" "$((u1 - u0))" <<'EOF'
 import json, sys
 j = json.loads(sys.argv[1][sys.argv[1].index("{"):])["jobs"][0]
 ticks, hz, binary, row = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -73,5 +76,6 @@ iops = j["read"]["iops"] + j["write"]["iops"]
 mbps = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
 lat = max(j["read"]["clat_ns"]["mean"], j["write"]["clat_ns"]["mean"]) / 1e3
 cpu = ticks / hz * 1e6 / max(ops, 1)
-print(f"{row}: {iops:,.0f} IOPS, {mbps:,.0f} MB/s, mean {lat:,.0f} µs, server CPU {cpu:,.1f} µs/op  [{binary}]")
+user = int(sys.argv[6]) / hz * 1e6 / max(ops, 1)
+print(f"{row}: {iops:,.0f} IOPS, {mbps:,.0f} MB/s, mean {lat:,.0f} µs, server CPU {cpu:,.1f} µs/op ({user:,.1f} user)  [{binary}]")
 EOF
