@@ -14,6 +14,9 @@
 #                                 (0: measure a fresh volume, as a new VM sees it)
 #   DIR=/var/tmp/blizzard-row     data directory, removed before and after
 #   PORT=10939                    NBD port (the metadata server takes PORT+1)
+#   UP_ARGS=                      more flags for `blizzard up`, e.g. "--threads 1"
+#   PERF=                         a path: also record the server with `perf record -g`
+#                                 while fio runs (then: perf report -i PATH)
 #
 # Prints one line: IOPS, MB/s, mean latency and the server's CPU time per
 # operation (utime+stime from /proc, and utime alone, from just before fio until one second
@@ -35,7 +38,7 @@ LOG=$(mktemp)
 
 rm -rf "$DIR"
 "$BIN" up --data "$DIR" --listen "127.0.0.1:$PORT" --meta-listen "127.0.0.1:$((PORT + 1))" \
-    --tractservers 4 --replication 1 --mode "$MODE" --flush "$FLUSH" --size 1GiB > "$LOG" 2>&1 &
+    --tractservers 4 --replication 1 --mode "$MODE" --flush "$FLUSH" --size 1GiB ${UP_ARGS:-} > "$LOG" 2>&1 &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$LOG"' EXIT
 
@@ -62,6 +65,9 @@ cpu() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
 ucpu() { awk '{print $14}' "/proc/$PID/stat"; }
 c0=$(cpu)
 u0=$(ucpu)
+if [ -n "${PERF:-}" ]; then
+    perf record -q ${PERF_ARGS:--g} -p "$PID" -o "$PERF" -- sleep "$RUNTIME" 2>/dev/null &
+fi
 out=$(fio --name=row --ioengine=nbd --uri="$URI" --rw="$RW" --bs="$BS" --iodepth="$QD" --size=1G \
     --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
 sleep 1
