@@ -351,6 +351,14 @@ fn sigterm_makes_acknowledged_writes_durable() {
         let tag = tag as u64 + 1;
         let data = w.join(format!("data-{mode}"));
         let mut up = Up::start(&data, mode, w.join(format!("{mode}-1.log")));
+        // The default striping unit: 1 MiB on one machine, but a log volume
+        // rewrites whole blocks under small writes and keeps 64 KiB.
+        let block = if mode == "log" { "64.0 KiB" } else { "1.0 MiB" };
+        assert!(
+            up.log_text().lines().any(|l| l.starts_with("block size") && l.ends_with(block)),
+            "{mode}: the new volume's block size is not {block}:\n{}",
+            up.log_text()
+        );
         let written = write_then_sigterm(&up.addr, tag, up.pid());
         let status = up.wait_exit();
         assert!(
