@@ -44,8 +44,8 @@
 #
 # fio runs without --direct: the nbd engine has no client-side cache. On the
 # server side every server serves 4 KiB reads from the page cache when the
-# working set fits (blizzard's tractservers read pieces up to 64 KiB
-# through the page cache, larger ones with O_DIRECT).
+# working set fits (blizzard's tractservers write through the page cache
+# and read pieces up to 256 KiB through it, larger ones with O_DIRECT).
 #
 # Needs root (drop_caches, perf); installs fio, qemu-utils, nbdkit and
 # libnbd-bin if missing. Prints a markdown table for docs/benchmarks.md.

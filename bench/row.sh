@@ -12,6 +12,8 @@
 #   RUNTIME=5                     seconds
 #   PREFILL=1                     write the 1 GiB volume sequentially first
 #                                 (0: measure a fresh volume, as a new VM sees it)
+#   DROP=1                        drop the page cache before the row (0: keep
+#                                 what the prefill left there, as bench/nbd.sh does)
 #   DIR=/var/tmp/blizzard-row     data directory, removed before and after
 #   PORT=10939                    NBD port (the metadata server takes PORT+1)
 #   UP_ARGS=                      more flags for `blizzard up`, e.g. "--threads 1"
@@ -58,7 +60,7 @@ if [ "$PREFILL" = 1 ]; then
     fio --name=prefill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size=1G > /dev/null
 fi
 sync
-if [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; fi
+if [ "${DROP:-1}" = 1 ] && [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; fi
 sleep 1
 
 cpu() { awk '{print $14 + $15}' "/proc/$PID/stat"; }
