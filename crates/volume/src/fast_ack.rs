@@ -637,6 +637,15 @@ mod tests {
         }
     }
 
+    /// Fast-ack over `io`: one 1 MiB tract per segment, 64 KiB blocks, and
+    /// at most `writes_max` writes not yet durable.
+    fn fast_ack(io: Arc<GatedSyncs>, writes_max: u32) -> Arc<FastAck> {
+        let striping =
+            Striping { tract_size: 1 << 20, block_size: 64 << 10, segment_tracts: 1, first_tract: 0 };
+        let limits = ExposureLimits { bytes_max: 64 << 20, writes_max, age_ms_max: 60_000 };
+        FastAck::new(Env::real(), io, striping, limits, PlantedBug::None)
+    }
+
     async fn settle() {
         for _ in 0..50 {
             tokio::task::yield_now().await;
@@ -650,12 +659,9 @@ mod tests {
     #[tokio::test]
     async fn writes_behind_a_held_write_go_out() {
         let io = GatedSyncs::new(0);
-        let striping =
-            Striping { tract_size: 1 << 20, block_size: 64 << 10, segment_tracts: 1, first_tract: 0 };
         // A sixteenth of 16 writes: only the first write of the epoch is
         // written durably, the rest through the cache.
-        let limits = ExposureLimits { bytes_max: 64 << 20, writes_max: 16, age_ms_max: 60_000 };
-        let fa = FastAck::new(Env::real(), io.clone(), striping, limits, PlantedBug::None);
+        let fa = fast_ack(io.clone(), 16);
         let block = |v: u8| Data::Bytes(Bytes::from(vec![v; 4096]));
 
         fa.write(0, block(1)).await.expect("fast-ack call");
@@ -693,10 +699,7 @@ mod tests {
     #[tokio::test]
     async fn held_writes_keep_last_writer_wins() {
         let io = GatedSyncs::new(1000);
-        let striping =
-            Striping { tract_size: 1 << 20, block_size: 64 << 10, segment_tracts: 1, first_tract: 0 };
-        let limits = ExposureLimits { bytes_max: 64 << 20, writes_max: 64, age_ms_max: 60_000 };
-        let fa = FastAck::new(Env::real(), io.clone(), striping, limits, PlantedBug::None);
+        let fa = fast_ack(io.clone(), 64);
         let mut model = vec![0u8; 3 * 4096];
         for v in 1..=30u8 {
             // [0, 4K), then [0, 8K) (held behind it), then [4K, 12K), which
