@@ -48,7 +48,9 @@
 # and read pieces up to 256 KiB through it, larger ones with O_DIRECT).
 #
 # Needs root (drop_caches, perf); installs fio, qemu-utils, nbdkit and
-# libnbd-bin if missing. Prints a markdown table for docs/benchmarks.md.
+# libnbd-bin if missing. Prints a markdown table for docs/benchmarks.md,
+# then the durable floors (measured first, next to qemu-nbd's rows) and the
+# write-through QD1 bound they set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -492,6 +494,30 @@ fi
 sync; echo 3 > /proc/sys/vm/drop_caches
 
 START=$(date -u '+%Y-%m-%d %H:%M UTC')
+# The durable floor on this disk: a 4 KiB random write followed by an
+# fdatasync, straight to a raw file (no NBD, no network). Write-through
+# makes every write durable before replying, so its QD1 random write cannot
+# beat this; qemu-nbd and nbdkit do not sync before replying. Measured just
+# before the servers (qemu-nbd first), since the write-through QD1 bound
+# printed below compares the two and this host's disk drifts over minutes.
+FLOOR_FILE=$DIR/floor.raw
+fio --name=floor --filename="$FLOOR_FILE" --rw=write --bs=1m --size="$SIZE_B" --end_fsync=1 --output-format=json > /dev/null
+timeout -k 10 $((RUNTIME + 120)) fio --name=floor --filename="$FLOOR_FILE" --ioengine=psync --rw=randwrite --bs=4k \
+    --fdatasync=1 --size="$SIZE_B" --time_based "--runtime=$RUNTIME" --norandommap --randrepeat=0 \
+    --output-format=json > "$RESULTS/floor.json"
+FLOOR_IOPS=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["write"]["iops"]))' "$RESULTS/floor.json")
+# The same for the 1 MiB sequential write row: O_DIRECT, QD 8, an
+# fdatasync after every 8 writes (fio drains the queue before each one).
+timeout -k 10 $((RUNTIME + 120)) fio --name=floor --filename="$FLOOR_FILE" --ioengine=libaio --direct=1 --rw=write \
+    --bs=1m --iodepth=8 --fdatasync=8 --size="$SIZE_B" --time_based "--runtime=$RUNTIME" \
+    --output-format=json > "$RESULTS/floor-seq.json"
+FLOOR_SEQ_MBPS=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["write"]["bw_bytes"] / 1e6))' "$RESULTS/floor-seq.json")
+# The same write plus a 16-byte checksum entry elsewhere in the file, the
+# shape of a tractserver's durable write (data + chunk entry), interleaved
+# with the plain one so both see the same disk.
+timeout -k 10 $((RUNTIME + 120)) python3 "$ROOT/bench/durable_floor.py" "$FLOOR_FILE" "$RUNTIME" > "$RESULTS/floor-entry.json"
+rm -f "$FLOOR_FILE"
+
 for srv in $SERVERS; do
     port=$(free_port)
     case $srv in
@@ -514,23 +540,6 @@ for srv in $SERVERS; do
     rm -rf "$path"
 done
 
-# The durable floor on this disk: a 4 KiB random write followed by an
-# fdatasync, straight to a raw file (no NBD, no network). Write-through
-# makes every write durable before replying, so its QD1 random write cannot
-# beat this; qemu-nbd and nbdkit do not sync before replying.
-FLOOR_FILE=$DIR/floor.raw
-fio --name=floor --filename="$FLOOR_FILE" --rw=write --bs=1m --size="$SIZE_B" --end_fsync=1 --output-format=json > /dev/null
-timeout -k 10 $((RUNTIME + 120)) fio --name=floor --filename="$FLOOR_FILE" --ioengine=psync --rw=randwrite --bs=4k \
-    --fdatasync=1 --size="$SIZE_B" --time_based "--runtime=$RUNTIME" --norandommap --randrepeat=0 \
-    --output-format=json > "$RESULTS/floor.json"
-FLOOR_IOPS=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["write"]["iops"]))' "$RESULTS/floor.json")
-# The same for the 1 MiB sequential write row: O_DIRECT, QD 8, an
-# fdatasync after every 8 writes (fio drains the queue before each one).
-timeout -k 10 $((RUNTIME + 120)) fio --name=floor --filename="$FLOOR_FILE" --ioengine=libaio --direct=1 --rw=write \
-    --bs=1m --iodepth=8 --fdatasync=8 --size="$SIZE_B" --time_based "--runtime=$RUNTIME" \
-    --output-format=json > "$RESULTS/floor-seq.json"
-FLOOR_SEQ_MBPS=$(python3 -c 'import json,sys; t=open(sys.argv[1]).read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print(round(j["write"]["bw_bytes"] / 1e6))' "$RESULTS/floor-seq.json")
-rm -f "$FLOOR_FILE"
 
 fio_cmd "nbd://127.0.0.1:PORT/$EXPORT" RW BS QD
 {
@@ -576,6 +585,22 @@ EOF
 echo
 echo "Durable floor (no NBD): raw file, 4 KiB random write + fdatasync each, QD1, fio psync: $FLOOR_IOPS IOPS;"
 echo "1 MiB sequential write, O_DIRECT, QD 8, fdatasync every 8 writes, fio libaio: $FLOOR_SEQ_MBPS MB/s."
+python3 - "$RESULTS/floor-entry.json" "$TSV" "$FLOOR_IOPS" <<'EOF'
+import json, sys
+e = json.load(open(sys.argv[1]))
+one, entry = e["one_page"]["mean_us"], e["with_entry"]["mean_us"]
+print(f"Measured interleaved by `bench/durable_floor.py`: {one:,.0f} µs per durable 4 KiB write, "
+      f"{entry:,.0f} µs when a 16-byte entry elsewhere in the file is written with it "
+      "(a tractserver's chunk entry).")
+for line in open(sys.argv[2]):
+    name, srv, ops, iops = line.split("\t")[:4]
+    if name == "4k-randwrite-qd1" and srv == "qemu-nbd":
+        budget, floor = 2e6 / float(iops), 1e6 / float(sys.argv[3])
+        verdict = "cannot meet" if floor > budget else "can still meet"
+        print(f"Write-through QD1 bound: 0.5× qemu-nbd's 4 KiB random write QD1 ({float(iops):,.0f} IOPS) "
+              f"leaves {budget:,.0f} µs per write, network and NBD included; the disk alone takes "
+              f"{floor:,.0f} µs (the fio floor), so a server that syncs each write {verdict} that target.")
+EOF
 if [ -s "$RESULTS/problems.tsv" ]; then echo; echo "Problems:"; sed 's/^/- /' "$RESULTS/problems.tsv"; fi
 } | tee "$RESULTS/table.md"
 echo "(fio JSON, server logs and this table: $RESULTS)" >&2
