@@ -110,9 +110,9 @@ impl TractService {
         }
         let Some(inc) = self.store.incarnation_of(blob, tract).await else { return };
         let me = self.store.disk_id();
-        let len = self.row_index().assignment.tlt_len as usize;
+        let len = self.with_rows(|r| r.assignment.tlt_len as usize);
         let row = locator(blob, tract, len.max(1)) as u32;
-        let held = |svc: &Self| svc.row_index().assignment.rows.iter().any(|r| r.row == row);
+        let held = |svc: &Self| svc.with_rows(|r| r.assignment.rows.iter().any(|r| r.row == row));
         // Not ours: neither this server's assignment nor the table clients
         // are served gives it the row. The assignment alone is not enough:
         // a change round that failed part-way (a pending member's commit,

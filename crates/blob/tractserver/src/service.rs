@@ -338,9 +338,15 @@ impl TractService {
     }
 
     pub fn row_index(&self) -> RowIndex {
+        self.with_rows(RowIndex::clone)
+    }
+
+    /// Looks at the current rows without cloning them (the scrubber asks
+    /// per tract).
+    pub(crate) fn with_rows<T>(&self, f: impl FnOnce(&RowIndex) -> T) -> T {
         match self.rows.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
+            Ok(g) => f(&g),
+            Err(p) => f(&p.into_inner()),
         }
     }
 
