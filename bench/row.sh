@@ -19,8 +19,10 @@
 #   UP_ARGS=                      more flags for `blizzard up`, e.g. "--threads 1"
 #   PERF=                         a path: also record the server with `perf record -g`
 #                                 while fio runs (then: perf report -i PATH)
+#   BLOCKREQ=1                    also count the device requests per operation, by
+#                                 kind and size (perf's block:block_rq_issue, whole machine)
 #
-# Prints one line: IOPS, MB/s, mean latency and the server's CPU time per
+# Prints one line: IOPS, MB/s, mean and p99 latency and the server's CPU time per
 # operation (utime+stime from /proc, and utime alone, from just before fio until one second
 # after it). Needs fio with the nbd engine; root for drop_caches.
 set -euo pipefail
@@ -70,6 +72,10 @@ u0=$(ucpu)
 if [ -n "${PERF:-}" ]; then
     perf record -q ${PERF_ARGS:--g} -p "$PID" -o "$PERF" -- sleep "$RUNTIME" 2>/dev/null &
 fi
+if [ "${BLOCKREQ:-0}" = 1 ]; then
+    perf record -q -e block:block_rq_issue -a -o "$DIR.blockreq" -- sleep "$RUNTIME" 2>/dev/null &
+    BLOCKREQ_PID=$!
+fi
 out=$(fio --name=row --ioengine=nbd --uri="$URI" --rw="$RW" --bs="$BS" --iodepth="$QD" --size=1G \
     --time_based --runtime="$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
 sleep 1
@@ -83,7 +89,23 @@ ops = j["read"]["total_ios"] + j["write"]["total_ios"]
 iops = j["read"]["iops"] + j["write"]["iops"]
 mbps = (j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6
 lat = max(j["read"]["clat_ns"]["mean"], j["write"]["clat_ns"]["mean"]) / 1e3
+p99 = max(d["clat_ns"].get("percentile", {}).get("99.000000", 0) for d in (j["read"], j["write"])) / 1e3
 cpu = ticks / hz * 1e6 / max(ops, 1)
 user = int(sys.argv[6]) / hz * 1e6 / max(ops, 1)
-print(f"{row}: {iops:,.0f} IOPS, {mbps:,.0f} MB/s, mean {lat:,.0f} µs, server CPU {cpu:,.1f} µs/op ({user:,.1f} user)  [{binary}]")
+print(f"{row}: {iops:,.0f} IOPS, {mbps:,.0f} MB/s, mean {lat:,.0f} µs, p99 {p99:,.0f} µs, server CPU {cpu:,.1f} µs/op ({user:,.1f} user)  [{binary}]")
 EOF
+if [ "${BLOCKREQ:-0}" = 1 ]; then
+    wait "$BLOCKREQ_PID" 2>/dev/null || true
+    # Device requests per fio operation and their mean size, by kind
+    # (blktrace's RWBS: W write, S sync, M metadata, FF a cache flush).
+    # Counts the whole machine, so keep it otherwise idle.
+    ops=$(python3 -c 'import json,sys; t=sys.argv[1]; j=json.loads(t[t.index("{"):])["jobs"][0]; print(j["read"]["total_ios"] + j["write"]["total_ios"])' "$out")
+    perf script -i "$DIR.blockreq" 2>/dev/null | awk -v ops="$ops" '
+        { for (i = 1; i <= NF; i++) if ($i ~ /^[RWDFSMAN]+$/ && $(i + 1) ~ /^[0-9]+$/) { n[$i]++; b[$i] += $(i + 1); break } }
+        END {
+            printf "device requests per op:"
+            for (k in n) printf "  %s %.2f (mean %.1f KiB)", k, n[k] / ops, b[k] / n[k] / 1024
+            print ""
+        }'
+    rm -f "$DIR.blockreq"
+fi
