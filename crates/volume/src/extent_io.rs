@@ -58,8 +58,18 @@ pub async fn write_cached(
 }
 
 /// Reads `len` bytes at volume byte `offset`.
-pub async fn read(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, len: u64) -> Result<BytesMut, IoError> {
+pub async fn read(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, len: u64) -> Result<Bytes, IoError> {
     let extents = st.extents(offset, len);
+    // A read inside one block is one extent that fills the whole buffer:
+    // the blob's bytes are the answer as they are (a 1 MiB read copied and
+    // zeroed 1 MiB here, 8% of the server's CPU).
+    if let [e] = &extents[..] {
+        if let [p] = &e.pieces[..] {
+            if p.buf_at == 0 && u64::from(p.len) == len {
+                return io.read(e.tract, e.offset, e.len).await;
+            }
+        }
+    }
     let reads = extents.iter().map(|e| io.read(e.tract, e.offset, e.len));
     let results = futures::future::join_all(reads).await;
     let mut buf = BytesMut::zeroed(len as usize);
@@ -71,5 +81,5 @@ pub async fn read(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, len: u64) ->
             at += p.len as usize;
         }
     }
-    Ok(buf)
+    Ok(buf.freeze())
 }

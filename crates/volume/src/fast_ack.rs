@@ -45,7 +45,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::Notify;
 
 use blizzard_env::{Env, Instant};
@@ -281,7 +281,12 @@ impl FastAck {
         // Snapshot first: a write durable while the blob read is under way
         // leaves the cache, but its data is in the snapshot.
         let snap = self.lock().cache.snapshot(offset, len);
-        let mut buf = extent_io::read(&self.io, &self.striping, offset, len).await?;
+        let data = extent_io::read(&self.io, &self.striping, offset, len).await?;
+        if snap.is_empty() {
+            return Ok(data);
+        }
+        // Unique unless it is the blob's own buffer: copied only then.
+        let mut buf = data.try_into_mut().unwrap_or_else(|shared| BytesMut::from(&shared[..]));
         WriteCache::overlay(&snap, offset, &mut buf);
         Ok(buf.freeze())
     }

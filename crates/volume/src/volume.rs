@@ -383,9 +383,7 @@ impl Volume {
             return Ok(Bytes::new());
         }
         match &self.engine {
-            Engine::WriteThrough => {
-                Ok(extent_io::read(&self.io, &self.striping, offset, len).await?.freeze())
-            }
+            Engine::WriteThrough => Ok(extent_io::read(&self.io, &self.striping, offset, len).await?),
             Engine::FastAck(f) => f.read(offset, len).await,
             Engine::Log(l) => l.read(offset, len).await,
         }
