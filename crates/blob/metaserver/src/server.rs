@@ -26,7 +26,6 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use rand::seq::IndexedRandom;
 use rand::SeedableRng;
-use tokio::task::JoinHandle;
 
 use blizzard_core::limits::{tract_size_valid, NAME_LEN_MAX, REPLICATION_MAX};
 use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
@@ -36,7 +35,9 @@ use blizzard_proto::{
     AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat,
     HeartbeatAction, HeartbeatReply, MemberStatus, PendingMember, Reply, Request, RowRef,
 };
-use blizzard_rpc::{serve, Caller, RpcConn, RpcError, ServerLimits, Service, Shutdown, ShutdownHandle};
+use blizzard_rpc::{
+    serve, Caller, RpcConn, RpcError, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
+};
 
 use crate::tlt_builder::{build_rows, row_counts, BuildParams, BuilderMember};
 
@@ -1273,22 +1274,16 @@ impl Service for MetaServer {
 pub struct MetaHandle {
     pub addr: String,
     pub server: Arc<MetaServer>,
-    shutdown: ShutdownHandle,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: ServerTasks,
 }
 
 impl MetaHandle {
     pub async fn stop(self) {
-        self.shutdown.trigger();
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.tasks.stop().await;
     }
 
     pub async fn wait(self) {
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.tasks.wait().await;
     }
 }
 
@@ -1316,7 +1311,7 @@ pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
             async move { rx.wait().await },
         )));
     }
-    Ok(MetaHandle { addr, server, shutdown, tasks })
+    Ok(MetaHandle { addr, server, tasks: ServerTasks::new(shutdown, tasks) })
 }
 
 async fn ticker(env: Env, server: Arc<MetaServer>, interval: Duration, mut shutdown: Shutdown) {

@@ -11,5 +11,5 @@ mod session;
 
 pub use conn::{RpcConn, RpcError};
 pub use frame_io::{read_frame, write_frame, Frame, ReadFrameError};
-pub use server::{serve, serve_conn, ServerLimits, Service, Shutdown, ShutdownHandle};
+pub use server::{serve, serve_conn, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle};
 pub use session::{Caller, Sessions, SESSIONS_MAX};

@@ -116,6 +116,34 @@ impl Shutdown {
     }
 }
 
+/// A running server's tasks and the handle that stops them (what the
+/// metadata server's and a tractserver's handles share).
+pub struct ServerTasks {
+    shutdown: ShutdownHandle,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ServerTasks {
+    pub fn new(shutdown: ShutdownHandle, tasks: Vec<tokio::task::JoinHandle<()>>) -> ServerTasks {
+        ServerTasks { shutdown, tasks }
+    }
+
+    /// Stops accepting, closes connections and stops the background
+    /// loops, then waits for every task to end. Requests already running
+    /// finish on their own.
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        self.wait().await;
+    }
+
+    /// Runs until the tasks end (they do not, short of shutdown).
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
 /// Accepts connections on `listener` until shutdown.
 pub async fn serve(
     env: Env,

@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::task::JoinHandle;
 
 use blizzard_core::TsId;
 use blizzard_env::Env;
 use blizzard_proto::codec::decode;
 use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
-use blizzard_rpc::{serve, RpcConn, ServerLimits, Shutdown, ShutdownHandle};
+use blizzard_rpc::{serve, RpcConn, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
 use crate::layout::LayoutError;
 use crate::service::{InjectedDisk, RowIndex, TractService};
@@ -94,25 +93,19 @@ pub struct TractServerHandle {
     /// The address peers dial.
     pub addr: String,
     pub service: Arc<TractService>,
-    shutdown: ShutdownHandle,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: ServerTasks,
 }
 
 impl TractServerHandle {
     /// Stops accepting, closes connections and stops heartbeating. Requests
     /// already running finish on their own.
     pub async fn stop(self) {
-        self.shutdown.trigger();
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.tasks.stop().await;
     }
 
     /// Runs until the server's tasks end (they do not, short of shutdown).
     pub async fn wait(self) {
-        for t in self.tasks {
-            let _ = t.await;
-        }
+        self.tasks.wait().await;
     }
 }
 
@@ -198,7 +191,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
             async move { rx.wait().await },
         )));
     }
-    Ok(TractServerHandle { id: me, addr, service, shutdown, tasks })
+    Ok(TractServerHandle { id: me, addr, service, tasks: ServerTasks::new(shutdown, tasks) })
 }
 
 /// Asks the metadata server for the cluster's parameters, waiting for it.
