@@ -64,6 +64,48 @@ pub enum Violation {
     TrialFailed(String),
     #[error("an acknowledged durable flush closed epoch {epoch}, so every write up to it must survive, but a write of epoch {missing} is missing")]
     LostFlushed { epoch: u64, missing: u64 },
+    #[error("sector at {at} reads as {first} from replica {a} but as {second} from replica {b}: it would change with no write between two reads")]
+    ReplicasDisagree { at: u64, a: usize, first: String, b: usize, second: String },
+}
+
+fn describe(s: &[u8], at: u64) -> String {
+    match parse(s, at) {
+        Sector::Zero => "zeros".into(),
+        Sector::Written { id, epoch } => format!("write {id} (epoch {epoch})"),
+        Sector::Garbage => "garbage".into(),
+    }
+}
+
+/// Checks that reading the recovered volume through each replica in turn
+/// (`images[r]`: every read served by replica `r` where it could be) gives
+/// the same bytes: a sector that differs would read one way now and
+/// another way later, with no write in between.
+pub fn check_replicas_agree(images: &[Vec<u8>]) -> Result<(), Violation> {
+    let Some((first, rest)) = images.split_first() else { return Ok(()) };
+    for (i, other) in rest.iter().enumerate() {
+        if other.len() != first.len() {
+            return Err(Violation::Unrecoverable(format!(
+                "the volume read {} bytes through replica 0 but {} through replica {}",
+                first.len(),
+                other.len(),
+                i + 1
+            )));
+        }
+        if let Some(s) =
+            first.chunks(SECTOR).zip(other.chunks(SECTOR)).position(|(x, y)| x != y)
+        {
+            let at = (s * SECTOR) as u64;
+            let r = s * SECTOR..(s + 1) * SECTOR;
+            return Err(Violation::ReplicasDisagree {
+                at,
+                a: 0,
+                first: describe(&first[r.clone()], at),
+                b: i + 1,
+                second: describe(&other[r], at),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks a recovered volume image against the op log.
@@ -224,6 +266,21 @@ mod tests {
         assert!(matches!(check(&ops, &bad, FAST), Err(Violation::Garbage { .. })));
         let stranger = image_with(&[(3, 0, 512, 1)], 4096);
         assert!(matches!(check(&ops, &stranger, FAST), Err(Violation::Stranger { .. })));
+    }
+
+    /// Replicas that read alike pass; one sector differing is reported
+    /// with what each replica holds there.
+    #[test]
+    fn replica_disagreement_is_reported() {
+        let a = image_with(&[(1, 0, 1024, 0), (2, 1024, 512, 0)], 2048);
+        assert_eq!(check_replicas_agree(&[a.clone(), a.clone(), a.clone()]), Ok(()));
+        let b = image_with(&[(1, 0, 1024, 0)], 2048);
+        match check_replicas_agree(&[a.clone(), a, b]) {
+            Err(Violation::ReplicasDisagree { at: 1024, a: 0, b: 2, first, second }) => {
+                assert_eq!((first.as_str(), second.as_str()), ("write 2 (epoch 0)", "zeros"));
+            }
+            other => panic!("expected a disagreement at 1024, got {other:?}"),
+        }
     }
 
     /// A zero sector may be a trim: write, trim, write again.

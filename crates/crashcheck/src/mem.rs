@@ -8,7 +8,7 @@
 //! | cached write completes        | kept apart (a tractserver's page cache): reads see it over the stored bytes; a sync naming it applies it to every replica |
 //! | crash                         | each in-flight op and each cached write not yet synced, on each replica independently, lands whole, not at all, or torn: some of its 4 KiB chunks land (a tractserver that died mid-write); unissued ops never existed |
 //! | crash, with corrupt tears     | as above, but a torn op's chunk may also be left **corrupt**: torn inside the chunk by power loss, which the store's chunk CRC reports |
-//! | read                          | one replica, chosen by the seed; a replica whose range has a corrupt chunk is skipped; none left is `Corrupt` |
+//! | read                          | one replica, chosen by the seed (or the one [`MemBlob::pin_reads`] names); a replica whose range has a corrupt chunk is skipped; none left is `Corrupt` |
 //! | read of all replicas          | every replica (recovery compares them); any corrupt chunk fails it `Corrupt` |
 //! | write covering a corrupt chunk| whole chunk: it is good again; part of it: `Corrupt` on that replica (the store cannot merge with a chunk it cannot read) |
 //!
@@ -70,6 +70,9 @@ struct State {
     next_op: u64,
     rng: SmallRng,
     latency_us: (u64, u64),
+    /// Reads go to this replica first (the checker reads the recovered
+    /// volume once per replica to find blocks the replicas disagree on).
+    pinned: Option<usize>,
 }
 
 /// What a crash does to one in-flight op on one replica.
@@ -114,6 +117,7 @@ impl MemBlob {
                 next_op: 0,
                 rng: SmallRng::seed_from_u64(seed),
                 latency_us,
+                pinned: None,
             })),
         }
     }
@@ -128,6 +132,12 @@ impl MemBlob {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
+    }
+
+    /// Reads go to `replica` first (falling back, like the client, past a
+    /// replica whose range is corrupt); `None` lets the seed choose.
+    pub fn pin_reads(&self, replica: Option<usize>) {
+        self.lock().pinned = replica;
     }
 
     /// Tears that leave chunks corrupt, on or off (see the fault model).
@@ -495,7 +505,11 @@ impl BlobIo for MemBlob {
             }
             let mut st = me.lock();
             let n = st.replicas.len();
-            let r = if n > 1 { st.rng.random_range(0..n) } else { 0 };
+            let r = match st.pinned {
+                Some(p) => p % n,
+                None if n > 1 => st.rng.random_range(0..n),
+                None => 0,
+            };
             // Like the client: a replica that reports damage is skipped.
             (0..n)
                 .map(|i| (r + i) % n)

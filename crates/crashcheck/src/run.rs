@@ -20,7 +20,7 @@ use blizzard_env::{Env, RealClock, RealDisks, RealNet};
 use blizzard_volume::io::BlobIo;
 use blizzard_volume::{CommitMode, ExposureLimits, FlushPolicy, PlantedBug, Volume, VolumeSpec};
 
-use crate::checker::{check, Contract, LoggedOp, OpKind, Violation};
+use crate::checker::{check, check_replicas_agree, Contract, LoggedOp, OpKind, Violation};
 use crate::mem::MemBlob;
 use crate::tag::{fill, SECTOR};
 
@@ -274,15 +274,45 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
     Ok((mem, log, rng))
 }
 
-/// Reopens the volume (running recovery) and reads it in one pass.
-fn recover_image(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Vec<u8>, String> {
+/// What recovery left: the volume read once (each read from a replica the
+/// seed picks), then once more per replica with reads sent to that replica.
+struct Recovered {
+    image: Vec<u8>,
+    per_replica: Vec<Vec<u8>>,
+}
+
+impl Recovered {
+    /// The commit mode's contract, then replica agreement: after recovery
+    /// every block must read the same whichever replica serves it.
+    fn check(&self, log: &[LoggedOp], contract: Contract) -> Result<(), Violation> {
+        check(log, &self.image, contract)?;
+        check_replicas_agree(&self.per_replica)
+    }
+}
+
+/// Reopens the volume (running recovery) and reads it: once in one pass,
+/// then once through each replica.
+fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Recovered, String> {
     let rt = runtime();
     rt.block_on(async {
         let env = trial_env(seed ^ 0x5eed);
-        let io: Arc<dyn BlobIo> = Arc::new(mem.reopen(env.clone()));
+        let blob = mem.reopen(env.clone());
+        let io: Arc<dyn BlobIo> = Arc::new(blob.clone());
         let vol = Volume::open(env, io, cfg.planted).await.map_err(|e| format!("recovery failed: {e}"))?;
-        let img = vol.read(0, vol.size()).await.map_err(|e| format!("reading the recovered volume: {e}"))?;
-        Ok(img.to_vec())
+        let read = |what: String| {
+            let vol = &vol;
+            async move { vol.read(0, vol.size()).await.map(|b| b.to_vec()).map_err(|e| format!("{what}: {e}")) }
+        };
+        let image = read("reading the recovered volume".into()).await?;
+        let mut per_replica = Vec::new();
+        if cfg.replication > 1 {
+            for r in 0..cfg.replication as usize {
+                blob.pin_reads(Some(r));
+                per_replica.push(read(format!("reading the recovered volume through replica {r}")).await?);
+            }
+            blob.pin_reads(None);
+        }
+        Ok(Recovered { image, per_replica })
     })
 }
 
@@ -302,8 +332,8 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
     };
     let in_flight = mem.in_flight();
     mem.crash(&mut rng);
-    let violation = match recover_image(&mem, seed, cfg) {
-        Ok(img) => check(&log, &img, cfg.contract()).err(),
+    let violation = match recover(&mem, seed, cfg) {
+        Ok(r) => r.check(&log, cfg.contract()).err(),
         Err(e) => Some(Violation::Unrecoverable(e)),
     };
     Trial {
@@ -328,9 +358,9 @@ pub fn exhaustive(seed: u64, cfg: &CheckConfig, max_in_flight: usize) -> Result<
     for mask in 0..(1u64 << n) {
         let fork = mem.fork();
         fork.crash_with(|op, _| mask & (1 << op) != 0);
-        match recover_image(&fork, seed, &cfg) {
-            Ok(img) => {
-                if let Err(v) = check(&log, &img, cfg.contract()) {
+        match recover(&fork, seed, &cfg) {
+            Ok(r) => {
+                if let Err(v) = r.check(&log, cfg.contract()) {
                     return Err((mask, v));
                 }
             }
