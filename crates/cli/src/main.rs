@@ -646,8 +646,7 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Info { name, meta } => {
             let client = connect(&env, &meta).await?;
-            let v = manage::open(env, &client, &name).await?;
-            print_volume(v.superblock());
+            print_volume(&manage::info(&client, &name).await?);
         }
         VolumeCmd::Resize { name, size, meta } => {
             let client = connect(&env, &meta).await?;

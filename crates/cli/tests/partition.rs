@@ -406,7 +406,13 @@ fn probe_row(tlt: &Tlt, blob: &Blob) -> (Vec<String>, u64) {
 /// choice.
 fn raw_read(blob: &Blob, row_version: u64) -> Request {
     Request::ReadTract {
-        addr: TractAddr { blob: blob.id(), incarnation: blob.incarnation(), tract: TractNo(0), row_version },
+        addr: TractAddr {
+            blob: blob.id(),
+            incarnation: blob.incarnation(),
+            tract: TractNo(0),
+            row_version,
+            writer: blob.writer(),
+        },
         offset: 0,
         len: PROBE_LEN,
     }

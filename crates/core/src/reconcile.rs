@@ -186,7 +186,13 @@ mod tests {
         let p = plan(&d, 2, 64);
         assert_eq!(
             p.repairs,
-            vec![Repair { first_chunk: 0, chunks: 2, source: 0, targets: vec![1], action: RepairAction::Copy }]
+            vec![Repair {
+                first_chunk: 0,
+                chunks: 2,
+                source: 0,
+                targets: vec![1],
+                action: RepairAction::Copy
+            }]
         );
         // Replica 0 torn in chunk 1: replica 1 is the source there.
         let d = vec![vec![Data(1), Unreadable], vec![Data(9), Data(9)]];

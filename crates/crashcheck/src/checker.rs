@@ -91,9 +91,7 @@ pub fn check_replicas_agree(images: &[Vec<u8>]) -> Result<(), Violation> {
                 i + 1
             )));
         }
-        if let Some(s) =
-            first.chunks(SECTOR).zip(other.chunks(SECTOR)).position(|(x, y)| x != y)
-        {
+        if let Some(s) = first.chunks(SECTOR).zip(other.chunks(SECTOR)).position(|(x, y)| x != y) {
             let at = (s * SECTOR) as u64;
             let r = s * SECTOR..(s + 1) * SECTOR;
             return Err(Violation::ReplicasDisagree {

@@ -11,6 +11,7 @@
 //! | read                          | one replica, chosen by the seed (or the one [`MemBlob::pin_reads`] names); a replica whose range has a corrupt chunk is skipped; none left is `Corrupt` |
 //! | read of all replicas          | every replica (recovery compares them); any corrupt chunk fails it `Corrupt` |
 //! | write covering a corrupt chunk| whole chunk: it is good again; part of it: `Corrupt` on that replica (the store cannot merge with a chunk it cannot read) |
+//! | reconcile a tract             | digests (a CRC per chunk, or corrupt, per replica) planned by `blizzard_core::reconcile::plan`; each repair is an op to one replica, in flight like any op, so a crash can cut the reconciliation short |
 //!
 //! Tearing lands whole 4 KiB chunks or, with corrupt tears, leaves them
 //! corrupt: below 4 KiB the blob store's own chunk CRCs turn a torn chunk
@@ -33,6 +34,8 @@ use futures::FutureExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use blizzard_core::crc::crc32c;
+use blizzard_core::reconcile::{plan, ChunkState, Reconciled, RepairAction};
 use blizzard_env::Env;
 use blizzard_volume::io::{BlobIo, CacheReceipt, IoError};
 
@@ -50,6 +53,14 @@ struct Pending {
     tract: u64,
     offset: u32,
     kind: Kind,
+    /// The one replica it changes (a reconciliation's repair), or all.
+    only: Option<usize>,
+}
+
+impl Pending {
+    fn reaches(&self, replica: usize) -> bool {
+        self.only.is_none_or(|o| o == replica)
+    }
 }
 
 const CHUNK: u32 = 4096;
@@ -203,7 +214,7 @@ impl MemBlob {
     /// corrupt on `replica`, as damage found later would.
     pub fn corrupt(&self, replica: usize, tract: u64, offset: u32, len: u32) {
         let mut st = self.lock();
-        let p = Pending { tract, offset, kind: Kind::Trim(len) };
+        let p = Pending { tract, offset, kind: Kind::Trim(len), only: None };
         Self::mark_corrupt(&mut st, replica, &p);
     }
 
@@ -263,6 +274,9 @@ impl MemBlob {
         let ts = self.tract_size;
         for (i, p) in ops.iter().enumerate() {
             for r in 0..st.replicas.len() {
+                if !p.reaches(r) {
+                    continue;
+                }
                 match landing(i, r) {
                     Landing::Nothing => {}
                     Landing::Whole => {
@@ -286,6 +300,9 @@ impl MemBlob {
         let ts = self.tract_size;
         for p in &ops {
             for r in 0..st.replicas.len() {
+                if !p.reaches(r) {
+                    continue;
+                }
                 match rng.random_range(0..3) {
                     0 => {}
                     1 => {
@@ -301,6 +318,7 @@ impl MemBlob {
                             let next = ((at / CHUNK + 1) * CHUNK).min(p.offset + len);
                             let (s0, s1) = ((at - p.offset) as usize, (next - p.offset) as usize);
                             let piece = Pending {
+                                only: p.only,
                                 tract: p.tract,
                                 offset: at,
                                 kind: match &p.kind {
@@ -332,8 +350,32 @@ impl MemBlob {
     }
 
     fn op(&self, tract: u64, offset: u32, kind: Kind) -> BoxFuture<'static, Result<(), IoError>> {
-        let op = self.op_as(tract, offset, kind, false);
+        let op = self.op_as(tract, offset, kind, false, None);
         async move { op.await.map(|_| ()) }.boxed()
+    }
+
+    /// What each replica holds in each chunk of `tract`, as a tractserver's
+    /// digest reports it (reads see unsynced cached writes, as they do).
+    fn digests(st: &State, tract: u64, tract_size: u32) -> Vec<Vec<ChunkState>> {
+        (0..st.replicas.len())
+            .map(|r| {
+                if !st.replicas[r].contains_key(&tract) && !st.volatile.values().any(|p| p.tract == tract) {
+                    return Vec::new();
+                }
+                let bytes = Self::read_replica(st, r, tract, 0, tract_size);
+                bytes
+                    .chunks(CHUNK as usize)
+                    .enumerate()
+                    .map(|(c, b)| {
+                        if st.corrupt[r].contains(&(tract, c as u32)) {
+                            ChunkState::Unreadable
+                        } else {
+                            ChunkState::Data(crc32c(b))
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Issues an op; a `cached` one completes into `volatile` (not applied
@@ -344,6 +386,7 @@ impl MemBlob {
         offset: u32,
         kind: Kind,
         cached: bool,
+        only: Option<usize>,
     ) -> BoxFuture<'static, Result<u64, IoError>> {
         let len = match &kind {
             Kind::Write(b) => b.len() as u64,
@@ -361,7 +404,7 @@ impl MemBlob {
                 }
                 let id = st.next_op;
                 st.next_op += 1;
-                st.inflight.insert(id, Pending { tract, offset, kind });
+                st.inflight.insert(id, Pending { tract, offset, kind, only });
                 let held = match &mut st.hold_after {
                     Some(0) => true,
                     Some(n) => {
@@ -389,7 +432,7 @@ impl MemBlob {
             }
             if let Some(p) = st.inflight.remove(&id) {
                 let ts = me.tract_size;
-                for r in 0..st.replicas.len() {
+                for r in (0..st.replicas.len()).filter(|r| p.reaches(*r)) {
                     if let Err(e) = Self::apply(&mut st, r, ts, &p) {
                         result = Err(e);
                     }
@@ -459,7 +502,7 @@ impl BlobIo for MemBlob {
         offset: u32,
         data: Bytes,
     ) -> BoxFuture<'static, Result<CacheReceipt, IoError>> {
-        let op = self.op_as(tract, offset, Kind::Write(data), true);
+        let op = self.op_as(tract, offset, Kind::Write(data), true, None);
         async move { Ok(vec![(RECEIPT_TAG.to_string(), op.await?)]) }.boxed()
     }
 
@@ -481,7 +524,7 @@ impl BlobIo for MemBlob {
             let mut result = Ok(());
             for id in ids {
                 if let Some(p) = st.volatile.remove(&id) {
-                    for r in 0..st.replicas.len() {
+                    for r in (0..st.replicas.len()).filter(|r| p.reaches(*r)) {
                         if let Err(e) = Self::apply(&mut st, r, ts, &p) {
                             result = Err(e);
                         }
@@ -495,6 +538,54 @@ impl BlobIo for MemBlob {
 
     fn trim(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<(), IoError>> {
         self.op(tract, offset, Kind::Trim(len))
+    }
+
+    /// The real client's algorithm on the replicas in memory: digests,
+    /// [`plan`], then each repair as an op to one replica (in flight for a
+    /// latency like any op, so a crash can cut a reconciliation short).
+    fn reconcile(&self, tract: u64) -> BoxFuture<'static, Result<Reconciled, IoError>> {
+        let me = self.clone();
+        async move {
+            let chunks = me.tract_size / CHUNK;
+            let (p, sources) = {
+                let st = me.lock();
+                let d = Self::digests(&st, tract, me.tract_size);
+                let p = plan(&d, chunks, 256);
+                let sources: Vec<Bytes> = p
+                    .repairs
+                    .iter()
+                    .map(|r| {
+                        Self::read_replica(&st, r.source, tract, r.first_chunk * CHUNK, r.chunks * CHUNK)
+                    })
+                    .collect();
+                (p, sources)
+            };
+            let mut done = Reconciled {
+                tracts: 1,
+                chunks_compared: chunks as u64,
+                chunk_repairs: p.chunk_repairs(),
+                unreadable_chunks: p.unreadable.len() as u64,
+                ..Reconciled::default()
+            };
+            let mut ops = Vec::new();
+            for (r, data) in p.repairs.iter().zip(sources) {
+                for &t in &r.targets {
+                    let kind = match r.action {
+                        RepairAction::Copy => {
+                            done.bytes_copied += data.len() as u64;
+                            Kind::Write(data.clone())
+                        }
+                        RepairAction::Trim => Kind::Trim(r.chunks * CHUNK),
+                    };
+                    ops.push(me.op_as(tract, r.first_chunk * CHUNK, kind, false, Some(t)));
+                }
+            }
+            for r in futures::future::join_all(ops).await {
+                r?;
+            }
+            Ok(done)
+        }
+        .boxed()
     }
 
     fn read(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<Bytes, IoError>> {

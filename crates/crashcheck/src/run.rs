@@ -316,6 +316,25 @@ fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Recovered, Str
     })
 }
 
+/// A second crash, during recovery: the volume is reopened with its
+/// first `ops` blob operations allowed to complete and every later one
+/// held in flight (its claim, superblock repair, reconciliation or bitmap
+/// clearing cut short), then the process dies again and the held ops land
+/// or not, replica by replica.
+fn crash_during_recovery(mem: &MemBlob, seed: u64, cfg: &CheckConfig, ops: u64, rng: &mut SmallRng) {
+    let rt = runtime();
+    rt.block_on(async {
+        let env = trial_env(seed ^ 0xc0ffee);
+        mem.hold_after(Some(ops));
+        let io: Arc<dyn BlobIo> = Arc::new(mem.reopen(env.clone()));
+        // Held ops never complete: the (virtual) timeout ends the attempt.
+        let _ = env.timeout(Duration::from_secs(60), Volume::open(env.clone(), io, cfg.planted)).await;
+    });
+    drop(rt);
+    mem.hold_after(None);
+    mem.crash(rng);
+}
+
 /// One random crash trial.
 pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
     let (mem, log, mut rng) = match run_until_crash(seed, cfg) {
@@ -332,6 +351,11 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
     };
     let in_flight = mem.in_flight();
     mem.crash(&mut rng);
+    // A quarter of the replicated trials crash again while recovering.
+    if cfg.replication > 1 && rng.random_ratio(1, 4) {
+        let ops = rng.random_range(0..12);
+        crash_during_recovery(&mem, seed, cfg, ops, &mut rng);
+    }
     let violation = match recover(&mem, seed, cfg) {
         Ok(r) => r.check(&log, cfg.contract()).err(),
         Err(e) => Some(Violation::Unrecoverable(e)),

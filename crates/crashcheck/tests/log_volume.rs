@@ -482,9 +482,10 @@ fn failed_superblock_write_fences_until_reopen() -> TestResult {
             vol.write(0, model.write(0, 1), false).await?;
             vol.flush_durable().await?;
         }
-        // Open writes a checkpoint (write 1); the resize then writes its
-        // checkpoint (2) and the superblock (3), which fails.
-        let failing: Arc<dyn BlobIo> = Arc::new(FailNth { inner: m.clone(), left: Mutex::new(3) });
+        // Open claims the volume (write 1: the intent header) and writes a
+        // checkpoint (2); the resize then writes its checkpoint (3) and the
+        // superblock (4), which fails.
+        let failing: Arc<dyn BlobIo> = Arc::new(FailNth { inner: m.clone(), left: Mutex::new(4) });
         let mut vol = Volume::open(env(2), failing, PlantedBug::None).await?;
         assert!(vol.resize(3 * MIB).await.is_err(), "the superblock write was made to fail");
         assert_eq!(vol.size(), MIB);

@@ -129,7 +129,8 @@ impl Server {
         }
         let mut first = None;
         for (name, v) in self.shared.registry.opened() {
-            match v.flush_durable().await {
+            // Durable, and marked clean: the next open reconciles nothing.
+            match v.quiesce().await {
                 Ok(()) => debug!(volume = %name, "flushed at shutdown"),
                 Err(source) => {
                     warn!(volume = %name, error = %source, "flush at shutdown failed");

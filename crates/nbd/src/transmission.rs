@@ -141,6 +141,7 @@ fn errno_for(cmd: &Command, e: &VolumeError) -> u32 {
         VolumeError::Invalid(_) | VolumeError::Unsupported(_) => NBD_EINVAL,
         VolumeError::Io(IoError::Client(ClientError::DiskFull { .. })) => NBD_ENOSPC,
         VolumeError::Io(_)
+        | VolumeError::Reconcile { .. }
         | VolumeError::Superblock(_)
         | VolumeError::NotFound(_)
         | VolumeError::Exists(_) => NBD_EIO,

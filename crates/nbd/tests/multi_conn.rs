@@ -37,7 +37,9 @@ async fn flush_on_one_connection_covers_another() -> R {
         let off = i * 65536 + 100;
         assert_eq!(b.read(off, 5000).await, pattern(off, 5000, 1), "B reads A's write at {off}");
     }
-    let other = manage::open(fx.env.clone(), &fx.client, "shared").await?;
+    // Read-only: a second writer would claim the volume and fence the
+    // server's instance (one writer per volume).
+    let other = manage::open_read_only(&fx.client, "shared").await?;
     for i in 0..n {
         let off = i * 65536 + 100;
         assert!(other.read(off, 5000).await?[..] == pattern(off, 5000, 1)[..], "durable at {off}");

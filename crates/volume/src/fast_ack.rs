@@ -40,6 +40,11 @@
 //!   the cache on the blob, so no read returns data older than an
 //!   acknowledged write.
 //! - Acknowledged-but-not-durable data is bounded by `ExposureLimits`.
+//! - On a replicated volume a write goes out only once its tracts' intent
+//!   bits are durable, and holds them until it is durable (synced): a
+//!   cached write not yet synced may be lost by one replica's tractserver
+//!   and kept by another's, so until then its tracts may differ
+//!   (`intent`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,6 +56,7 @@ use tokio::sync::Notify;
 use blizzard_env::{Env, Instant};
 
 use crate::cache::{Data, WriteCache};
+use crate::intent::{IntentGuard, IntentLog};
 use crate::io::{BlobIo, CacheReceipt};
 use crate::striping::Striping;
 use crate::superblock::ExposureLimits;
@@ -74,6 +80,9 @@ struct Flight {
     acked_at: Instant,
     /// Kept to write it again if a sync fails.
     data: Data,
+    /// Its tracts' intent bits, held from before it is issued until it is
+    /// durable.
+    intent: Option<IntentGuard>,
 }
 
 /// What to do about syncing after a state change.
@@ -130,6 +139,7 @@ pub struct FastAck {
     env: Env,
     io: Arc<dyn BlobIo>,
     striping: Striping,
+    intent: Option<Arc<IntentLog>>,
     limits: ExposureLimits,
     planted: PlantedBug,
     state: Mutex<State>,
@@ -168,12 +178,14 @@ impl FastAck {
         io: Arc<dyn BlobIo>,
         striping: Striping,
         limits: ExposureLimits,
+        intent: Option<Arc<IntentLog>>,
         planted: PlantedBug,
     ) -> Arc<FastAck> {
         Arc::new(FastAck {
             env,
             io,
             striping,
+            intent,
             limits,
             planted,
             state: Mutex::new(State::default()),
@@ -389,6 +401,7 @@ impl FastAck {
                 len: op.data.len(),
                 acked_at: op.acked_at,
                 data: op.data.clone(),
+                intent: None,
             },
         );
         *st.inflight_per_epoch.entry(op.epoch).or_default() += 1;
@@ -399,6 +412,7 @@ impl FastAck {
         for op in ops {
             let me = self.clone();
             tokio::spawn(async move {
+                me.hold_intent(&op).await;
                 let receipt = loop {
                     let r = if op.durable {
                         extent_io::write(&me.io, &me.striping, op.offset, &op.data)
@@ -423,6 +437,31 @@ impl FastAck {
                     me.written(op.seq, receipt);
                 }
             });
+        }
+    }
+
+    /// Before a write goes out: its tracts' intent bits, durable, kept in
+    /// its flight until it is durable (a write issued again after a failed
+    /// sync still holds them). Retried like the write itself: it was
+    /// acknowledged.
+    async fn hold_intent(&self, op: &Op) {
+        let Some(intent) = &self.intent else { return };
+        let held = self.lock().inflight.get(&op.seq).is_none_or(|f| f.intent.is_some());
+        if held {
+            return;
+        }
+        let tracts = self.striping.tracts(op.offset, op.data.len());
+        let guard = loop {
+            match intent.enter(&tracts).await {
+                Ok(g) => break g,
+                Err(e) => {
+                    tracing::warn!(offset = op.offset, error = %e, "cannot set the write's intent bits; retrying");
+                    self.env.sleep(RETRY_PAUSE).await;
+                }
+            }
+        };
+        if let Some(f) = self.lock().inflight.get_mut(&op.seq) {
+            f.intent = Some(guard);
         }
     }
 
@@ -532,6 +571,7 @@ impl FastAck {
 
     /// Writes became durable (`synced`: through the sync under way).
     fn complete(self: &Arc<Self>, seqs: &[u64], synced: bool) {
+        let mut released = Vec::new();
         let (issue, action) = {
             let mut st = self.lock();
             if synced {
@@ -541,7 +581,8 @@ impl FastAck {
                 st.writing = st.writing.saturating_sub(seqs.len() as u64);
             }
             for seq in seqs {
-                let Some(f) = st.inflight.remove(seq) else { continue };
+                let Some(mut f) = st.inflight.remove(seq) else { continue };
+                released.extend(f.intent.take());
                 if st.inflight_ranges.get(&f.offset) == Some(&(f.offset + f.len)) {
                     st.inflight_ranges.remove(&f.offset);
                 }
@@ -555,6 +596,10 @@ impl FastAck {
             self.retire(&mut st);
             (self.pump(&mut st, true), self.sync_action(&mut st))
         };
+        // Durable on every replica: their tracts may be unmarked.
+        for g in released {
+            g.finish(true);
+        }
         self.spawn(issue);
         self.run(action);
         self.changed.notify_waiters();
@@ -648,7 +693,7 @@ mod tests {
         let striping =
             Striping { tract_size: 1 << 20, block_size: 64 << 10, segment_tracts: 1, first_tract: 0 };
         let limits = ExposureLimits { bytes_max: 64 << 20, writes_max, age_ms_max: 60_000 };
-        FastAck::new(Env::real(), io, striping, limits, PlantedBug::None)
+        FastAck::new(Env::real(), io, striping, limits, None, PlantedBug::None)
     }
 
     async fn settle() {

@@ -11,6 +11,7 @@ use futures::FutureExt;
 
 pub use blizzard_client::CacheReceipt;
 use blizzard_client::{Blob, ClientError, ErrorCode};
+use blizzard_core::reconcile::Reconciled;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum IoError {
@@ -40,6 +41,16 @@ impl IoError {
             // `read_replicas` asks every replica; one reporting damage fails it.
             IoError::Client(ClientError::Rejected { reply, .. }) => reply.code == ErrorCode::Corrupt,
             _ => false,
+        }
+    }
+
+    /// The newest writer epoch a tractserver has seen for the blob, when
+    /// it refused this change because another process claimed the blob
+    /// since (`intent::claim`).
+    pub fn fenced_by(&self) -> Option<u64> {
+        match self {
+            IoError::Client(ClientError::Fenced { newest, .. }) => Some(*newest),
+            _ => None,
         }
     }
 }
@@ -90,6 +101,16 @@ pub trait BlobIo: Send + Sync + 'static {
     /// written again.
     fn sync(&self, _receipt: CacheReceipt) -> BoxFuture<'static, Result<(), IoError>> {
         async { Ok(()) }.boxed()
+    }
+    /// Changes from now on carry writer epoch `epoch`; the store refuses
+    /// changes with an older epoch than the newest it has seen for the
+    /// blob (`intent::claim`). A store without fencing ignores it.
+    fn set_writer(&self, _epoch: u64) {}
+    /// Makes every replica of `tract` hold the same bytes, chunk by chunk
+    /// copied from the first replica that can read it (design 0005). Every
+    /// replica must be reachable. A store with one replica has nothing to do.
+    fn reconcile(&self, _tract: u64) -> BoxFuture<'static, Result<Reconciled, IoError>> {
+        async { Ok(Reconciled { tracts: 1, ..Reconciled::default() }) }.boxed()
     }
 }
 
@@ -169,5 +190,13 @@ impl BlobIo for ClientBlobIo {
     fn trim(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<(), IoError>> {
         let b = self.blob.clone();
         async move { Ok(b.trim(tract, offset, len).await?) }.boxed()
+    }
+
+    fn set_writer(&self, epoch: u64) {
+        self.blob.set_writer(epoch);
+    }
+    fn reconcile(&self, tract: u64) -> BoxFuture<'static, Result<Reconciled, IoError>> {
+        let b = self.blob.clone();
+        async move { Ok(b.reconcile(tract).await?) }.boxed()
     }
 }

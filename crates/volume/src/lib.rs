@@ -8,6 +8,9 @@
 //!   or, for the crash checker, a deterministic in-memory one.
 //! - `cache`: acknowledged data not yet durable, overlaid on reads.
 //! - `fast_ack`: flush-epoch commits with fast acknowledgment.
+//! - `intent`: the write-intent log of a replicated volume: which tracts a
+//!   crash may have left different on different replicas, and making them
+//!   agree when the volume is opened again.
 //! - `log`: out-of-order log commit: permutation, records, checkpoints,
 //!   roll-forward recovery.
 //! - `volume`: the [`Volume`] handle and the commit modes behind it.
@@ -16,6 +19,7 @@
 pub mod cache;
 mod extent_io;
 pub mod fast_ack;
+pub mod intent;
 pub mod io;
 pub mod log;
 pub mod manage;
@@ -51,6 +55,12 @@ pub enum PlantedBug {
     /// Fast-ack takes a write through the tractservers' write caches as
     /// durable without syncing it.
     SkipCacheSync,
+    /// Opening a replicated volume after an unclean close clears its
+    /// write-intent bitmap without reconciling the tracts it names.
+    SkipReconcile,
+    /// Writes go out without waiting for their tracts' intent bits to be
+    /// durable.
+    WriteBeforeIntent,
 }
 
 impl PlantedBug {
@@ -64,6 +74,8 @@ impl PlantedBug {
             "roll-past-hole" => Some(PlantedBug::RollForwardPastHole),
             "reuse-without-seq" => Some(PlantedBug::ReuseWithoutSeq),
             "skip-cache-sync" => Some(PlantedBug::SkipCacheSync),
+            "skip-reconcile" => Some(PlantedBug::SkipReconcile),
+            "write-before-intent" => Some(PlantedBug::WriteBeforeIntent),
             _ => None,
         }
     }
@@ -85,6 +97,8 @@ pub enum VolumeError {
     Io(#[from] IoError),
     #[error("{0}")]
     Unsupported(String),
+    #[error("could not make the replicas of tract {tract} agree after an unclean close: {source}; every replica must be reachable (bring its tractserver back, or wait until it is replaced), then open the volume again")]
+    Reconcile { tract: u64, source: IoError },
 }
 
 impl VolumeError {

@@ -75,6 +75,21 @@ pub async fn open_with(
     Volume::open(env, io, planted).await
 }
 
+/// The superblock of the volume called `name`, read without opening it:
+/// nothing is written, and a process writing the volume is not disturbed.
+pub async fn info(client: &Client, name: &str) -> Result<Superblock, VolumeError> {
+    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    Volume::inspect(&io).await
+}
+
+/// Opens the volume called `name` to read it as its blob holds it, without
+/// claiming it (`Volume::open_read_only`): a process writing it carries on.
+pub async fn open_read_only(client: &Client, name: &str) -> Result<Volume, VolumeError> {
+    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    Volume::open_read_only(ClientBlobIo::new(blob)).await
+}
+
 /// Every volume's superblock, by name.
 pub async fn list(client: &Client) -> Result<Vec<Superblock>, VolumeError> {
     let mut out = Vec::new();

@@ -82,6 +82,14 @@ impl Striping {
         v
     }
 
+    /// The tracts `[offset, offset + len)` touches, ascending, each once.
+    pub fn tracts(&self, offset: u64, len: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = self.pieces(offset, len).iter().map(|p| p.tract).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// The pieces grouped into one extent per run that is contiguous in a
     /// tract, ordered by (tract, offset).
     pub fn extents(&self, offset: u64, len: u64) -> Vec<Extent> {

@@ -17,6 +17,7 @@ use blizzard_env::Env;
 use crate::cache::Data;
 use crate::extent_io;
 use crate::fast_ack::FastAck;
+use crate::intent::{self, IntentLog, Recovery};
 use crate::io::BlobIo;
 use crate::log::{LogEngine, LogGeom};
 use crate::striping::Striping;
@@ -130,6 +131,23 @@ pub struct Volume {
     sb: Superblock,
     striping: Striping,
     engine: Engine,
+    /// Replicated write-through and fast-ack volumes: which tracts a crash
+    /// may leave different on different replicas (`intent`).
+    intent: Option<Arc<IntentLog>>,
+    recovery: Recovery,
+    /// Opened without claiming it (`open_read_only`): changes refused.
+    read_only: bool,
+}
+
+/// Smallest tract a volume fits in: two superblock copies, the intent
+/// header and one bitmap page (`intent`).
+pub const VOLUME_TRACT_MIN: u32 = intent::BITMAP_OFFSET + intent::PAGE;
+
+/// Whether a volume keeps a write-intent log: it writes replicas in place
+/// (a log volume's recovery already ignores what it did not finish), and
+/// has more than one.
+fn keeps_intent(mode: CommitMode, replication: u8) -> bool {
+    mode != CommitMode::Log && replication > 1
 }
 
 fn striping_for(sb: &Superblock, tract_size: u32) -> Striping {
@@ -158,8 +176,36 @@ impl Volume {
         if spec.segment_tracts == 0 || spec.segment_tracts > 65536 {
             return bad("segment tracts must be 1..=65536".into());
         }
+        if tract_size < VOLUME_TRACT_MIN {
+            return bad(format!(
+                "a volume needs tracts of at least {VOLUME_TRACT_MIN} bytes (this cluster's are {tract_size}): create the cluster with a larger --tract-size"
+            ));
+        }
+        if keeps_intent(spec.mode, spec.replication) {
+            let st = Striping {
+                tract_size: tract_size as u64,
+                block_size: bs as u64,
+                segment_tracts: spec.segment_tracts as u64,
+                first_tract: 1,
+            };
+            Self::check_intent_capacity(&st, spec.size_bytes)?;
+        }
         if spec.mode == CommitMode::Log {
             LogGeom::plan(spec.size_bytes, bs as u64, tract_size as u64)?;
+        }
+        Ok(())
+    }
+
+    /// A replicated volume's intent bitmap (in tract 0) must have a bit for
+    /// every tract the volume uses.
+    fn check_intent_capacity(st: &Striping, size_bytes: u64) -> Result<(), VolumeError> {
+        let cap = intent::capacity(st.tract_size as u32);
+        let need = st.tracts_for(size_bytes);
+        if need > cap {
+            return Err(VolumeError::Invalid(format!(
+                "a replicated volume of {size_bytes} bytes uses {need} tracts of {} bytes, more than its write-intent bitmap covers ({cap}); use a cluster with larger tracts",
+                st.tract_size
+            )));
         }
         Ok(())
     }
@@ -194,6 +240,7 @@ impl Volume {
             let st = striping_for(&sb, io.tract_size());
             io.extend_to(st.tracts_for(sb.size_bytes)).await?;
         }
+        intent::format(&io).await?;
         // Last: a volume without a superblock is not a volume yet.
         Self::write_superblock(&io, &sb).await?;
         Self::open(env, io, PlantedBug::None).await
@@ -283,17 +330,41 @@ impl Volume {
         Ok(sb)
     }
 
-    /// Opens the volume in `io`.
+    /// The superblock of the volume in `io`, without opening it (nothing
+    /// is written, the volume's writer is not disturbed).
+    pub async fn inspect(io: &Arc<dyn BlobIo>) -> Result<Superblock, VolumeError> {
+        Self::read_superblock(io).await
+    }
+
+    /// Opens the volume in `io` for writing. Recovery first:
+    ///
+    /// 1. claim the volume (`intent::claim`): from then on the blob store
+    ///    refuses changes from any earlier writer, such as requests of a
+    ///    crashed one still in the network;
+    /// 2. a replicated volume makes its superblock the same on every
+    ///    replica (a resize cut off by a crash may have reached only some);
+    /// 3. a replicated write-through or fast-ack volume makes every tract
+    ///    its intent bitmap names the same on every replica
+    ///    (`IntentLog::recover`), before the first read;
+    /// 4. a log volume rolls its log forward.
     pub async fn open(env: Env, io: Arc<dyn BlobIo>, planted: PlantedBug) -> Result<Volume, VolumeError> {
         let mut sb = Self::read_superblock(&io).await?;
-        if sb.mode == CommitMode::Log {
+        let claim = intent::claim(&io).await?;
+        if sb.mode == CommitMode::Log || io.replication() > 1 {
             sb = Self::settle_superblock(&io).await?;
         }
         let striping = striping_for(&sb, io.tract_size());
+        let (intent, recovery) = if keeps_intent(sb.mode, io.replication()) {
+            let size = io.size_tracts().max(striping.tracts_for(sb.size_bytes));
+            let (log, rec) = IntentLog::recover(env.clone(), io.clone(), claim, size, planted).await?;
+            (Some(log), rec)
+        } else {
+            (None, Recovery { writer: claim.writer, ..Recovery::default() })
+        };
         let engine = match sb.mode {
             CommitMode::WriteThrough => Engine::WriteThrough,
             CommitMode::FastAck => {
-                Engine::FastAck(FastAck::new(env, io.clone(), striping, sb.exposure, planted))
+                Engine::FastAck(FastAck::new(env, io.clone(), striping, sb.exposure, intent.clone(), planted))
             }
             CommitMode::Log => {
                 let Some(l) = &sb.log else {
@@ -304,7 +375,42 @@ impl Volume {
                 Engine::Log(LogEngine::open(env, io.clone(), geom, sb.exposure, planted).await?)
             }
         };
-        Ok(Volume { io, sb, striping, engine })
+        Ok(Volume { io, sb, striping, engine, intent, recovery, read_only: false })
+    }
+
+    /// Opens a write-through or fast-ack volume to read its blob as it is,
+    /// without claiming it: the process writing it is not disturbed, and
+    /// nothing is recovered (after an unclean close, replicas may still
+    /// differ until the writer opens it). Writes are refused.
+    pub async fn open_read_only(io: Arc<dyn BlobIo>) -> Result<Volume, VolumeError> {
+        let sb = Self::read_superblock(&io).await?;
+        if sb.mode == CommitMode::Log {
+            return Err(VolumeError::Unsupported(
+                "a log volume can only be read through its writer (its block map is in the writer's memory)"
+                    .into(),
+            ));
+        }
+        let striping = striping_for(&sb, io.tract_size());
+        Ok(Volume {
+            io,
+            sb,
+            striping,
+            engine: Engine::WriteThrough,
+            intent: None,
+            recovery: Recovery::default(),
+            read_only: true,
+        })
+    }
+
+    /// What opening found and did: the writer epoch claimed, and the
+    /// replicas reconciled after an unclean close.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The intent log, for replicated write-through and fast-ack volumes.
+    pub fn intent(&self) -> Option<&Arc<IntentLog>> {
+        self.intent.as_ref()
     }
 
     /// Grows the volume to `size_bytes`. The superblock write is the
@@ -312,6 +418,9 @@ impl Volume {
     /// A log volume also gets a bigger log first (`LogEngine::grow`;
     /// design 0003, "Resizing a log volume").
     pub async fn resize(&mut self, size_bytes: u64) -> Result<(), VolumeError> {
+        if self.read_only {
+            return Err(VolumeError::Unsupported("this volume was opened read-only".into()));
+        }
         if size_bytes < self.sb.size_bytes {
             return Err(VolumeError::Invalid("volumes can only grow".into()));
         }
@@ -350,6 +459,9 @@ impl Volume {
                 }
             }
             Engine::WriteThrough | Engine::FastAck(_) => {
+                if self.intent.is_some() {
+                    Self::check_intent_capacity(&self.striping, size_bytes)?;
+                }
                 self.io.extend_to(self.striping.tracts_for(size_bytes)).await?;
                 Self::write_superblock(&self.io, &sb).await?;
             }
@@ -382,6 +494,11 @@ impl Volume {
         if len == 0 {
             return Ok(Bytes::new());
         }
+        if let Some(i) = self.intent.as_ref().filter(|i| i.has_suspects()) {
+            // A failed write may have left these tracts different on
+            // different replicas: make them agree before reading them.
+            i.settle(&self.striping.tracts(offset, len)).await?;
+        }
         match &self.engine {
             Engine::WriteThrough => Ok(extent_io::read(&self.io, &self.striping, offset, len).await?),
             Engine::FastAck(f) => f.read(offset, len).await,
@@ -391,11 +508,22 @@ impl Volume {
 
     async fn put(&self, offset: u64, data: Data, fua: bool) -> Result<(), VolumeError> {
         self.check(offset, data.len())?;
+        if self.read_only {
+            return Err(VolumeError::Unsupported("this volume was opened read-only".into()));
+        }
         if data.is_empty() {
             return Ok(());
         }
         match &self.engine {
-            Engine::WriteThrough => Ok(extent_io::write(&self.io, &self.striping, offset, &data).await?),
+            Engine::WriteThrough => match &self.intent {
+                None => Ok(extent_io::write(&self.io, &self.striping, offset, &data).await?),
+                Some(i) => {
+                    let guard = i.enter(&self.striping.tracts(offset, data.len())).await?;
+                    let r = extent_io::write(&self.io, &self.striping, offset, &data).await;
+                    guard.finish(r.is_ok());
+                    Ok(r?)
+                }
+            },
             Engine::FastAck(f) => {
                 f.write(offset, data).await?;
                 if fua {
@@ -441,6 +569,9 @@ impl Volume {
     }
 
     async fn flush_with(&self, durable: bool) -> Result<(), VolumeError> {
+        if self.read_only {
+            return Ok(());
+        }
         match &self.engine {
             Engine::WriteThrough => Ok(()),
             Engine::FastAck(f) => f.flush(durable).await,
@@ -521,8 +652,20 @@ impl Volume {
         }
     }
 
-    /// Makes everything durable and closes the volume.
+    /// Makes everything durable and closes the volume: a clean close,
+    /// after which the next open has nothing to reconcile.
     pub async fn close(self) -> Result<(), VolumeError> {
-        self.flush_durable().await
+        self.quiesce().await
+    }
+
+    /// For a shutdown with the volume shared: makes everything durable and
+    /// clears the intent bits of every tract no write is in flight on, so
+    /// the next open has nothing to reconcile. The volume stays usable.
+    pub async fn quiesce(&self) -> Result<(), VolumeError> {
+        self.flush_durable().await?;
+        if let Some(i) = &self.intent {
+            i.close().await?;
+        }
+        Ok(())
     }
 }

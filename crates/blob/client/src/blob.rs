@@ -1,28 +1,47 @@
-//! An open blob: tract reads and writes, size and extension.
+//! An open blob: tract reads and writes, size and extension, and
+//! reconciliation of a tract's replicas.
 //!
 //! Durability contract: `write` returns `Ok` only after every replica of
 //! the tract's row (the first *r*, r = the blob's replication) has made the
 //! data durable. A failed `write` may have reached some replicas (FDS §3.5:
 //! the tract's content is then either old or new, possibly differing
-//! between replicas until it is written again).
+//! between replicas until it is written again, or until [`Blob::reconcile`]
+//! makes them agree).
+//!
+//! Writer fencing: a handle carries a writer epoch ([`Blob::set_writer`])
+//! in every request. Tractservers refuse changes from an epoch older than
+//! the newest they have seen for the blob (`ClientError::Fenced`), so once
+//! a new writer has reconciled a tract, nothing of the writer it replaced
+//! lands there.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use blizzard_core::crc::{first_bad_piece, piece_crcs};
+use blizzard_core::limits::CHUNK_SIZE;
+use blizzard_core::reconcile::{plan, ChunkState, Plan, Reconciled, RepairAction};
 use blizzard_core::{BlobId, Incarnation, TractNo};
 use blizzard_proto::{BlobMeta, ErrorCode, ExtendMode, Reply, Request, TractAddr};
 
-use crate::client::{classify, Client, ClientError, Next};
+use crate::client::{classify, Client, ClientError, Failed, Next};
 
-/// A handle on one blob. Cheap to clone; clones share the cached size.
+/// Rounds of repairs [`Blob::reconcile`] makes before it gives up; each is
+/// followed by a round of digests that checks it took.
+pub const RECONCILE_ROUNDS: u32 = 8;
+
+/// Longest run of chunks one repair copies (1 MiB): bounds its buffer.
+const REPAIR_RUN_CHUNKS: u32 = 256;
+
+/// A handle on one blob. Cheap to clone; clones share the cached size and
+/// the writer epoch.
 #[derive(Clone)]
 pub struct Blob {
     client: Client,
     meta: Arc<Mutex<BlobMeta>>,
+    writer: Arc<AtomicU64>,
 }
 
 /// Where a cached write was applied: each tractserver's address and the
@@ -31,7 +50,21 @@ pub type CacheReceipt = Vec<(String, u64)>;
 
 impl Blob {
     pub(crate) fn new(client: Client, meta: BlobMeta) -> Blob {
-        Blob { client, meta: Arc::new(Mutex::new(meta)) }
+        Blob { client, meta: Arc::new(Mutex::new(meta)), writer: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Makes this handle (and its clones) write as writer `epoch`: every
+    /// request it sends carries it. Tractservers refuse changes of a blob
+    /// from an epoch older than the newest they have seen for it
+    /// (`ClientError::Fenced`); the process opening a blob for writing
+    /// takes an epoch above every earlier writer's. 0 (the default): none.
+    pub fn set_writer(&self, epoch: u64) {
+        self.writer.store(epoch, Ordering::Release);
+    }
+
+    /// The writer epoch this handle sends.
+    pub fn writer(&self) -> u64 {
+        self.writer.load(Ordering::Acquire)
     }
 
     fn meta(&self) -> BlobMeta {
@@ -104,7 +137,13 @@ impl Blob {
 
     fn addr(&self, tract: u64, row_version: u64) -> TractAddr {
         let m = self.meta();
-        TractAddr { blob: m.blob, incarnation: m.incarnation, tract: TractNo(tract as i64), row_version }
+        TractAddr {
+            blob: m.blob,
+            incarnation: m.incarnation,
+            tract: TractNo(tract as i64),
+            row_version,
+            writer: self.writer(),
+        }
     }
 
     fn check(&self, offset: u32, len: usize) -> Result<(), ClientError> {
@@ -200,10 +239,8 @@ impl Blob {
         let r = self.replication() as usize;
         let _permit = self.client.permit().await?;
         let c = &self.client;
-        let attempts = c.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = c.tlt();
+        let (data, crcs) = (&data, &crcs);
+        c.retry(|tlt, _| async move {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let (addr, crcs) = (self.addr(tract, row.version), crcs.clone());
             let req = if cached {
@@ -220,41 +257,19 @@ impl Blob {
                 async move { (c.inner.pool.call(&addr, req, data).await, addr) }
             });
             let results = futures::future::join_all(calls).await;
-            let mut next: Option<Next> = None;
+            let mut failed: Option<Failed> = None;
             let mut receipt = CacheReceipt::new();
             for (res, addr) in results {
-                let e = match res {
-                    Ok((Reply::Boot { boot }, _)) => {
-                        receipt.push((addr, boot));
-                        continue;
-                    }
-                    Ok(_) => continue,
-                    Err(e) => e,
-                };
-                last = e.to_string();
-                // The most decisive outcome wins: fail > refresh > back off.
-                next = Some(match (next, classify(&e)) {
-                    (Some(Next::Fail(f)), _) | (_, Next::Fail(f)) => Next::Fail(f),
-                    (Some(Next::Refresh), _) | (_, Next::Refresh) => Next::Refresh,
-                    _ => Next::Backoff,
-                });
-            }
-            match next {
-                None => return Ok(receipt),
-                Some(Next::Fail(e)) => return Err(e),
-                Some(Next::Refresh) => {
-                    c.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = c.refresh_tlt(tlt.version).await {
-                        last = e.to_string();
-                    }
-                    if attempt > 0 {
-                        c.backoff(attempt).await;
-                    }
+                match res {
+                    Ok((Reply::Boot { boot }, _)) => receipt.push((addr, boot)),
+                    Ok(_) => {}
+                    // The most decisive outcome wins: fail > refresh > back off.
+                    Err(e) => failed = Some(Failed::of(&e).or(failed)),
                 }
-                Some(Next::Backoff) => c.backoff(attempt).await,
             }
-        }
-        Err(ClientError::Unavailable { attempts, last })
+            failed.map_or(Ok(receipt), Err)
+        })
+        .await
     }
 
     /// Reads `len` bytes at `offset` of tract `tract` from one replica,
@@ -266,10 +281,7 @@ impl Blob {
         let r = self.replication() as usize;
         let _permit = self.client.permit().await?;
         let c = &self.client;
-        let attempts = c.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = c.tlt();
+        c.retry(|tlt, _| async move {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let req = Request::ReadTract { addr: self.addr(tract, row.version), offset, len };
             let members: Vec<u32> = row.members.iter().take(r).copied().collect();
@@ -277,6 +289,7 @@ impl Blob {
             let start = c.env().random_below(members.len().max(1) as u64) as usize;
             let mut stale = false;
             let mut transient = false;
+            let mut last = String::new();
             for i in 0..members.len() {
                 let m = members[(start + i) % members.len()];
                 let addr = &tlt.members[m as usize].addr;
@@ -300,32 +313,24 @@ impl Blob {
                             Some(ErrorCode::StaleVersion) | Some(ErrorCode::NotOwner) => stale = true,
                             Some(ErrorCode::Corrupt) | Some(ErrorCode::Io) | Some(ErrorCode::OutOfRange) => {}
                             Some(ErrorCode::BadRequest) => {
-                                return Err(ClientError::Invalid(last));
+                                return Err(Failed::new(Next::Fail(ClientError::Invalid(last.clone())), last));
                             }
                             _ => transient = true,
                         }
                     }
                 }
             }
-            if stale {
-                c.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = c.refresh_tlt(tlt.version).await {
-                    last = e.to_string();
-                }
-                if attempt > 0 {
-                    c.backoff(attempt).await;
-                }
+            let next = if stale {
+                Next::Refresh
             } else if transient {
-                if let Err(e) = c.refresh_tlt(tlt.version).await {
-                    last = e.to_string();
-                }
-                c.backoff(attempt).await;
+                Next::RefreshBackoff
             } else {
                 // Every replica answered and none had it intact.
-                return Err(ClientError::NoIntactReplica { blob: self.id(), tract, last });
-            }
-        }
-        Err(ClientError::Unavailable { attempts, last })
+                Next::Fail(ClientError::NoIntactReplica { blob: self.id(), tract, last: last.clone() })
+            };
+            Err(Failed::new(next, last))
+        })
+        .await
     }
 
     /// Sends a request to every replica of the tract's row at once (not to
@@ -340,10 +345,8 @@ impl Blob {
     ) -> Result<Vec<(String, Reply, Bytes)>, ClientError> {
         let r = self.replication() as usize;
         let c = &self.client;
-        let attempts = c.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = c.tlt();
+        let make = &make;
+        c.retry(|tlt, _| async move {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let req = make(self.addr(tract, row.version));
             let calls = row.members.iter().take(r).map(|&m| {
@@ -352,26 +355,22 @@ impl Blob {
                 async move { (addr.clone(), c.inner.pool.call(&addr, req, Bytes::new()).await) }
             });
             let mut out = Vec::with_capacity(r);
-            let mut retry = false;
+            let mut retry: Option<String> = None;
             for (addr, res) in futures::future::join_all(calls).await {
                 match res {
                     Ok((reply, data)) => out.push((addr, reply, data)),
-                    Err(e) => {
-                        last = e.to_string();
-                        match classify(&e) {
-                            Next::Fail(err) => return Err(err),
-                            _ => retry = true,
-                        }
-                    }
+                    Err(e) => match classify(&e) {
+                        Next::Fail(err) => return Err(Failed::new(Next::Fail(err), e.to_string())),
+                        _ => retry = Some(e.to_string()),
+                    },
                 }
             }
-            if !retry {
-                return Ok(out);
+            match retry {
+                None => Ok(out),
+                Some(last) => Err(Failed::new(Next::RefreshBackoff, last)),
             }
-            let _ = c.refresh_tlt(tlt.version).await;
-            c.backoff(attempt).await;
-        }
-        Err(ClientError::Unavailable { attempts, last })
+        })
+        .await
     }
 
     /// Reads the range from every replica of its row, each verified end to
@@ -452,9 +451,188 @@ impl Blob {
         Ok(union)
     }
 
+    /// Makes the replicas of tract `tract` agree, chunk by chunk, after a
+    /// write cut off by a crash may have reached some and not others (FDS
+    /// §3.5): reads pick a random replica, so such a tract could flip
+    /// between old and new with no write.
+    ///
+    /// A round asks every writer of the tract's row (its first r members,
+    /// then its pending members, in row order) for a digest (`DigestTract`,
+    /// which first fences the blob's older writers there, so nothing of a
+    /// replaced writer lands after this), plans with
+    /// `blizzard_core::reconcile::plan` (per chunk, the first replica that
+    /// can read it is the source), and carries the repairs out server by
+    /// server: a run read from its source alone and verified end to end,
+    /// then written to each target alone; a hole at the source trims the
+    /// targets. The next round checks the repairs took: a TLT change, a
+    /// source that turned out unreadable, or a concurrent change only make
+    /// it plan again. Gives up after [`RECONCILE_ROUNDS`] rounds of
+    /// repairs (`ClientError::NotReconciled`).
+    ///
+    /// Chunks no replica can read are left as they are (every read of
+    /// them fails alike) and counted in `unreadable_chunks`.
+    pub async fn reconcile(&self, tract: u64) -> Result<Reconciled, ClientError> {
+        self.check_size(tract).await?;
+        let _permit = self.client.permit().await?;
+        let c = &self.client;
+        let chunks = c.tract_size() / CHUNK_SIZE;
+        let mut done = Reconciled { tracts: 1, chunks_compared: chunks as u64, ..Reconciled::default() };
+        let mut last = String::new();
+        for round in 0..=RECONCILE_ROUNDS {
+            let (seen, row_version, servers, digests) = self.digest_replicas(tract, chunks).await?;
+            let p = plan(&digests, chunks, REPAIR_RUN_CHUNKS);
+            done.unreadable_chunks = p.unreadable.len() as u64;
+            if p.is_empty() {
+                tracing::debug!(
+                    blob = %self.id(),
+                    tract,
+                    rounds = round,
+                    chunk_repairs = done.chunk_repairs,
+                    bytes_copied = done.bytes_copied,
+                    unreadable = done.unreadable_chunks,
+                    "tract reconciled"
+                );
+                return Ok(done);
+            }
+            if round == RECONCILE_ROUNDS {
+                let mut differs = describe(&p, &servers);
+                if !last.is_empty() {
+                    differs = format!("{differs}; last failure: {last}");
+                }
+                return Err(ClientError::NotReconciled { blob: self.id(), tract, rounds: round, differs });
+            }
+            tracing::debug!(blob = %self.id(), tract, round, plan = %describe(&p, &servers), "repairing tract");
+            if let Err(f) = self.repair(tract, row_version, &servers, &p, &mut done).await {
+                last = f.last;
+                c.after_failure(round, seen, f.next, &mut last).await?;
+            }
+        }
+        // The loop returns at its last round.
+        Err(ClientError::NotReconciled { blob: self.id(), tract, rounds: RECONCILE_ROUNDS, differs: last })
+    }
+
+    /// One digest of the tract from every writer of its row, in row order:
+    /// (the TLT version used, the row's version, the servers, their
+    /// digests).
+    async fn digest_replicas(
+        &self,
+        tract: u64,
+        chunks: u32,
+    ) -> Result<(u64, u64, Vec<String>, Vec<Vec<ChunkState>>), ClientError> {
+        let r = self.replication() as usize;
+        let c = &self.client;
+        c.retry(|tlt, _| async move {
+            let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
+            let req = Request::DigestTract { addr: self.addr(tract, row.version) };
+            let servers: Vec<String> = row.writers(r).map(|m| tlt.members[m as usize].addr.clone()).collect();
+            let calls = servers.iter().map(|addr| c.inner.pool.call(addr, &req, Bytes::new()));
+            let mut digests = Vec::with_capacity(servers.len());
+            let mut failed: Option<Failed> = None;
+            for (addr, res) in servers.iter().zip(futures::future::join_all(calls).await) {
+                match res {
+                    Ok((Reply::Digest { chunks: d }, _)) if d.len() <= chunks as usize => digests.push(d),
+                    Ok((Reply::Digest { chunks: d }, _)) => {
+                        let e = format!("{addr} sent a digest of {} chunks; a tract has {chunks}", d.len());
+                        failed = Some(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e).or(failed));
+                    }
+                    Ok((other, _)) => {
+                        let e = format!("{addr} answered a digest with {other:?}");
+                        failed = Some(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e).or(failed));
+                    }
+                    Err(e) => failed = Some(Failed::of(&e).or(failed)),
+                }
+            }
+            match failed {
+                None => Ok((tlt.version, row.version, servers, digests)),
+                Some(f) => Err(f),
+            }
+        })
+        .await
+    }
+
+    /// Carries out `p`'s repairs on `servers` (indexed as the digests
+    /// were), counting what took in `done`. Stops at the first failure,
+    /// classified for the caller; the next round plans afresh.
+    async fn repair(
+        &self,
+        tract: u64,
+        row_version: u64,
+        servers: &[String],
+        p: &Plan,
+        done: &mut Reconciled,
+    ) -> Result<(), Failed> {
+        let pool = &self.client.inner.pool;
+        let addr = self.addr(tract, row_version);
+        // A damaged disk at one replica: the next round's digest shows it.
+        let damaged = |e: &blizzard_rpc::RpcError| {
+            matches!(e.remote().map(|r| r.code), Some(ErrorCode::Corrupt) | Some(ErrorCode::Io))
+        };
+        let on_err = |e: blizzard_rpc::RpcError| {
+            if damaged(&e) {
+                Failed::new(Next::Backoff, e.to_string())
+            } else {
+                Failed::of(&e)
+            }
+        };
+        for r in &p.repairs {
+            let (offset, len) = (r.first_chunk * CHUNK_SIZE, r.chunks * CHUNK_SIZE);
+            let (req, data) = match r.action {
+                RepairAction::Copy => {
+                    let source = servers.get(r.source).map(String::as_str).unwrap_or_default();
+                    let read = Request::ReadTract { addr, offset, len };
+                    let (crcs, data) = match pool.call(source, &read, Bytes::new()).await {
+                        Ok((Reply::Read { crcs }, data))
+                            if data.len() == len as usize
+                                && first_bad_piece(offset, &data, &crcs).is_none() =>
+                        {
+                            (crcs, data)
+                        }
+                        Ok(_) => {
+                            let e = format!("replica {source} returned data that fails its CRC");
+                            return Err(Failed::new(Next::Backoff, e));
+                        }
+                        Err(e) => return Err(on_err(e)),
+                    };
+                    (Request::WriteTract { addr, offset, crcs }, data)
+                }
+                RepairAction::Trim => (Request::TrimTract { addr, offset, len }, Bytes::new()),
+            };
+            let targets: Vec<&String> = r.targets.iter().filter_map(|t| servers.get(*t)).collect();
+            let calls = targets.iter().map(|t| pool.call(t, &req, data.clone()));
+            let mut failed: Option<Failed> = None;
+            for (target, res) in targets.iter().zip(futures::future::join_all(calls).await) {
+                match res {
+                    Ok(_) => {
+                        done.chunk_repairs += r.chunks as u64;
+                        if r.action == RepairAction::Copy {
+                            done.bytes_copied += len as u64;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(blob = %self.id(), tract, %target, error = %e, "repair failed");
+                        failed = Some(on_err(e).or(failed));
+                    }
+                }
+            }
+            if let Some(f) = failed {
+                return Err(f);
+            }
+        }
+        Ok(())
+    }
+
     /// Frees a tract on every replica (used when deleting the blob).
     pub(crate) async fn delete_tract(&self, tract: u64) -> Result<(), ClientError> {
-        self.on_all_replicas(tract, |addr| Request::DeleteTract { addr }).await
+        let delete = |addr| Request::DeleteTract { addr };
+        match self.on_all_replicas(tract, delete).await {
+            // The blob's metadata is gone already, so no writer of it can
+            // be harmed any more: free its tracts as its newest writer.
+            Err(ClientError::Fenced { newest, .. }) if newest > self.writer() => {
+                self.writer.fetch_max(newest, Ordering::AcqRel);
+                self.on_all_replicas(tract, delete).await
+            }
+            r => r,
+        }
     }
 
     /// Sends a data-less request to every replica of a tract's row (and
@@ -467,10 +645,8 @@ impl Blob {
     ) -> Result<(), ClientError> {
         let c = &self.client;
         let r = self.replication() as usize;
-        let attempts = c.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = c.tlt();
+        let make = &make;
+        c.retry(|tlt, _| async move {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let req = make(self.addr(tract, row.version));
             let calls = row.writers(r).map(|m| {
@@ -480,16 +656,45 @@ impl Blob {
             });
             let errs: Vec<_> =
                 futures::future::join_all(calls).await.into_iter().filter_map(|r| r.err()).collect();
-            if errs.is_empty() {
-                return Ok(());
+            let Some(first) = errs.first() else { return Ok(()) };
+            let last = first.to_string();
+            // A refusal no retry mends (a fenced writer, a full disk) ends
+            // the operation with its own error.
+            match errs.iter().map(classify).find(|n| matches!(n, Next::Fail(_))) {
+                Some(fail) => Err(Failed::new(fail, last)),
+                None => Err(Failed::new(Next::RefreshBackoff, last)),
             }
-            last = errs[0].to_string();
-            if errs.iter().any(|e| matches!(classify(e), Next::Fail(_))) {
-                break;
-            }
-            let _ = c.refresh_tlt(tlt.version).await;
-            c.backoff(attempt).await;
-        }
-        Err(ClientError::Unavailable { attempts, last })
+        })
+        .await
     }
+}
+
+/// What a plan would still change, briefly (for logs and errors).
+fn describe(p: &Plan, servers: &[String]) -> String {
+    let name = |i: usize| servers.get(i).map(String::as_str).unwrap_or("?");
+    let mut out: Vec<String> = p
+        .repairs
+        .iter()
+        .take(4)
+        .map(|r| {
+            let targets: Vec<&str> = r.targets.iter().map(|t| name(*t)).collect();
+            let what = match r.action {
+                RepairAction::Copy => format!("copy from {}", name(r.source)),
+                RepairAction::Trim => format!("trim as at {}", name(r.source)),
+            };
+            format!(
+                "chunks {}..{}: {what} to {}",
+                r.first_chunk,
+                r.first_chunk + r.chunks,
+                targets.join(", ")
+            )
+        })
+        .collect();
+    if p.repairs.len() > 4 {
+        out.push(format!("and {} more runs", p.repairs.len() - 4));
+    }
+    if !p.unreadable.is_empty() {
+        out.push(format!("{} chunks unreadable everywhere", p.unreadable.len()));
+    }
+    out.join("; ")
 }

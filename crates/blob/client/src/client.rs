@@ -1,7 +1,8 @@
 //! The client: the cached TLT, the connection pool, the simultaneous-request
 //! limit, and blob-level metadata calls to a row's primary.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -70,6 +71,14 @@ pub enum ClientError {
     Meta { addr: String, message: String },
     #[error("tractserver {addr} restarted while holding cached writes, which may be lost: write them again")]
     Restarted { addr: String },
+    #[error(
+        "tractserver {addr} refused a change: another process opened this blob for writing with epoch \
+         {newest}, so this handle may no longer change it; stop writing (reopen the blob if this process \
+         should be its writer)"
+    )]
+    Fenced { addr: String, newest: u64 },
+    #[error("the replicas of tract {tract} of blob {blob} still differ after {rounds} rounds of repairs: {differs}")]
+    NotReconciled { blob: BlobId, tract: u64, rounds: u32, differs: String },
 }
 
 /// Counters, mostly for tests and status output.
@@ -100,12 +109,56 @@ pub struct Client {
 
 /// What to do after a failed attempt.
 pub(crate) enum Next {
-    /// The table is stale: refresh it, then try again.
+    /// The table is stale: refresh it, then try again (pausing from the
+    /// second attempt on).
     Refresh,
     /// Something transient: pause, then try again.
     Backoff,
+    /// Some server failed in a way a newer table or a pause may mend:
+    /// refresh the table and pause.
+    RefreshBackoff,
     /// Trying again will not help.
     Fail(ClientError),
+}
+
+impl Next {
+    /// How decisive an outcome is: failing beats refreshing beats pausing.
+    fn rank(&self) -> u8 {
+        match self {
+            Next::Backoff => 0,
+            Next::RefreshBackoff => 1,
+            Next::Refresh => 2,
+            Next::Fail(_) => 3,
+        }
+    }
+}
+
+/// A failed attempt: what to do about it, and what went wrong (the error
+/// reported once the attempts run out).
+pub(crate) struct Failed {
+    pub next: Next,
+    pub last: String,
+}
+
+impl Failed {
+    pub(crate) fn new(next: Next, last: impl Into<String>) -> Failed {
+        Failed { next, last: last.into() }
+    }
+
+    /// An RPC failure, classified.
+    pub(crate) fn of(e: &RpcError) -> Failed {
+        Failed { next: classify(e), last: e.to_string() }
+    }
+
+    /// Combines the outcomes of requests of one attempt sent in parallel:
+    /// the most decisive `next` wins (the earlier one of a tie); `last` is
+    /// this (the later) one's.
+    pub(crate) fn or(self, earlier: Option<Failed>) -> Failed {
+        match earlier {
+            Some(e) if e.next.rank() >= self.next.rank() => Failed { next: e.next, last: self.last },
+            _ => self,
+        }
+    }
 }
 
 /// Classifies an RPC failure for the retry loops.
@@ -120,6 +173,9 @@ pub(crate) fn classify(e: &RpcError) -> Next {
             | ErrorCode::BadCrc => Next::Backoff,
             ErrorCode::DiskFull => {
                 Next::Fail(ClientError::DiskFull { addr: addr.clone(), message: reply.message.clone() })
+            }
+            ErrorCode::Fenced => {
+                Next::Fail(ClientError::Fenced { addr: addr.clone(), newest: reply.current_version })
             }
             _ => Next::Fail(ClientError::Rejected { addr: addr.clone(), reply: reply.clone() }),
         },
@@ -225,6 +281,64 @@ impl Client {
         }
     }
 
+    /// The retry loop of every operation: runs `op` with the cached TLT and
+    /// the attempt's number until it succeeds, fails for good, or
+    /// `ClientConfig::attempts` are used up (`ClientError::Unavailable`
+    /// with the last failure), doing between attempts what the failure
+    /// asks ([`Client::after_failure`]).
+    pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Arc<Tlt>, u32) -> Fut,
+        Fut: Future<Output = Result<T, Failed>>,
+    {
+        let attempts = self.inner.cfg.attempts.max(1);
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            let tlt = self.tlt();
+            let seen = tlt.version;
+            match op(tlt, attempt).await {
+                Ok(v) => return Ok(v),
+                Err(f) => {
+                    last = f.last;
+                    self.after_failure(attempt, seen, f.next, &mut last).await?;
+                }
+            }
+        }
+        Err(ClientError::Unavailable { attempts, last })
+    }
+
+    /// Does what a failed attempt `attempt`, made with TLT version `seen`,
+    /// asks before the next one: refresh the table, pause, or give up
+    /// (`Err`). A failed refresh becomes `last`.
+    pub(crate) async fn after_failure(
+        &self,
+        attempt: u32,
+        seen: u64,
+        next: Next,
+        last: &mut String,
+    ) -> Result<(), ClientError> {
+        match next {
+            Next::Fail(e) => return Err(e),
+            Next::Refresh => {
+                self.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = self.refresh_tlt(seen).await {
+                    *last = e.to_string();
+                }
+                if attempt > 0 {
+                    self.backoff(attempt).await;
+                }
+            }
+            Next::RefreshBackoff => {
+                if let Err(e) = self.refresh_tlt(seen).await {
+                    *last = e.to_string();
+                }
+                self.backoff(attempt).await;
+            }
+            Next::Backoff => self.backoff(attempt).await,
+        }
+        Ok(())
+    }
+
     /// Pause before attempt `attempt` (exponential with jitter).
     pub(crate) async fn backoff(&self, attempt: u32) {
         let c = &self.inner.cfg;
@@ -235,53 +349,40 @@ impl Client {
     }
 
     /// Sends a metadata request to the primary of the blob's metadata row,
-    /// retrying through TLT changes and transient refusals.
+    /// retrying through TLT changes and transient refusals. Returns with
+    /// the error the attempt it happened at (0 for the first): an answer
+    /// to a retry may be the first attempt's doing.
     pub(crate) async fn meta_call(
         &self,
         blob: BlobId,
         make: impl Fn(u64) -> Request,
     ) -> Result<BlobMeta, (ClientError, u32)> {
-        let attempts = self.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = self.tlt();
-            let row = tlt.locate(blob, TractNo::META);
-            let r = &tlt.rows[row];
-            let addr = tlt.members[r.members[0] as usize].addr.clone();
-            match self.inner.pool.call(&addr, &make(r.version), Bytes::new()).await {
-                Ok((Reply::Blob(m), _)) => return Ok(m),
-                Ok((other, _)) => {
-                    last = format!("unexpected reply {other:?}");
-                }
-                Err(e) => {
-                    if let Some(reply) = e.remote() {
-                        match reply.code {
-                            ErrorCode::NoSuchBlob => return Err((ClientError::NoSuchBlob(blob), attempt)),
-                            ErrorCode::BlobExists => return Err((ClientError::BlobExists(blob), attempt)),
-                            ErrorCode::OutOfRange | ErrorCode::BadRequest => {
-                                return Err((ClientError::Invalid(reply.message.clone()), attempt))
+        // Atomic, not a Cell, so that the future stays `Send`.
+        let tried = AtomicU32::new(0);
+        let (make, tried_ref) = (&make, &tried);
+        let r = self
+            .retry(|tlt, attempt| async move {
+                tried_ref.store(attempt, Ordering::Relaxed);
+                let row = &tlt.rows[tlt.locate(blob, TractNo::META)];
+                let addr = &tlt.members[row.members[0] as usize].addr;
+                match self.inner.pool.call(addr, &make(row.version), Bytes::new()).await {
+                    Ok((Reply::Blob(m), _)) => Ok(m),
+                    Ok((other, _)) => Err(Failed::new(Next::Backoff, format!("unexpected reply {other:?}"))),
+                    Err(e) => {
+                        let fail = |err| Err(Failed::new(Next::Fail(err), e.to_string()));
+                        match e.remote().map(|reply| (reply.code, &reply.message)) {
+                            Some((ErrorCode::NoSuchBlob, _)) => fail(ClientError::NoSuchBlob(blob)),
+                            Some((ErrorCode::BlobExists, _)) => fail(ClientError::BlobExists(blob)),
+                            Some((ErrorCode::OutOfRange | ErrorCode::BadRequest, message)) => {
+                                fail(ClientError::Invalid(message.clone()))
                             }
-                            _ => {}
+                            _ => Err(Failed::of(&e)),
                         }
                     }
-                    last = e.to_string();
-                    match classify(&e) {
-                        Next::Fail(err) => return Err((err, attempt)),
-                        Next::Refresh => {
-                            self.inner.stats.stale_rejections.fetch_add(1, Ordering::Relaxed);
-                            if let Err(err) = self.refresh_tlt(tlt.version).await {
-                                last = err.to_string();
-                            }
-                            if attempt > 0 {
-                                self.backoff(attempt).await;
-                            }
-                        }
-                        Next::Backoff => self.backoff(attempt).await,
-                    }
                 }
-            }
-        }
-        Err((ClientError::Unavailable { attempts, last }, attempts))
+            })
+            .await;
+        r.map_err(|e| (e, tried.load(Ordering::Relaxed)))
     }
 
     /// Creates a blob with the given id (or a random one) and replication
@@ -361,33 +462,24 @@ impl Client {
     /// Every blob in the cluster: each tractserver lists the blobs whose
     /// metadata row it is primary of, and the answers are merged.
     pub async fn list_blobs(&self) -> Result<Vec<BlobMeta>, ClientError> {
-        let attempts = self.inner.cfg.attempts.max(1);
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            let tlt = self.tlt();
-            let calls = tlt.members.iter().map(|m| {
-                let addr = m.addr.clone();
-                async move { self.inner.pool.call(&addr, &Request::ListBlobs, Bytes::new()).await }
-            });
+        self.retry(|tlt, _| async move {
+            let calls =
+                tlt.members.iter().map(|m| self.inner.pool.call(&m.addr, &Request::ListBlobs, Bytes::new()));
             let mut all = std::collections::BTreeMap::new();
-            let mut failed = false;
-            for r in futures::future::join_all(calls).await {
+            let mut failed: Option<String> = None;
+            for (m, r) in tlt.members.iter().zip(futures::future::join_all(calls).await) {
                 match r {
                     Ok((Reply::Blobs(v), _)) => all.extend(v.into_iter().map(|m| (m.blob, m))),
-                    Ok(_) => failed = true,
-                    Err(e) => {
-                        last = e.to_string();
-                        failed = true;
-                    }
+                    Ok((other, _)) => failed = Some(format!("{} answered ListBlobs with {other:?}", m.addr)),
+                    Err(e) => failed = Some(e.to_string()),
                 }
             }
-            if !failed {
-                return Ok(all.into_values().collect());
+            match failed {
+                None => Ok(all.into_values().collect()),
+                Some(last) => Err(Failed::new(Next::RefreshBackoff, last)),
             }
-            let _ = self.refresh_tlt(tlt.version).await;
-            self.backoff(attempt).await;
-        }
-        Err(ClientError::Unavailable { attempts, last })
+        })
+        .await
     }
 
     /// The metadata server's view of the cluster.

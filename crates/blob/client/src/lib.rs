@@ -5,7 +5,11 @@
 //! - [`Client::connect`] fetches the TLT once and caches it;
 //! - [`Client::create_blob`], [`Client::open_blob`], [`Client::delete_blob`];
 //! - [`Blob::size_tracts`], [`Blob::extend_by`], [`Blob::extend_to`];
-//! - [`Blob::write`] / [`Blob::read`] of a whole tract or a range of one.
+//! - [`Blob::write`] / [`Blob::read`] of a whole tract or a range of one;
+//! - [`Blob::set_writer`]: the writer epoch every request carries, which
+//!   fences out older writers of the blob;
+//! - [`Blob::reconcile`]: make a tract's replicas agree after a writer
+//!   crashed mid-write.
 //!
 //! A tract is found by arithmetic: row = (hash(blob) + tract) mod TLT
 //! length. Writes go to the first *r* members of the row (r = the blob's
@@ -20,5 +24,5 @@ mod pool;
 
 /// Error codes a tractserver can answer with (inside [`ClientError::Rejected`]).
 pub use blizzard_proto::ErrorCode;
-pub use blob::{Blob, CacheReceipt};
+pub use blob::{Blob, CacheReceipt, RECONCILE_ROUNDS};
 pub use client::{Client, ClientConfig, ClientError};

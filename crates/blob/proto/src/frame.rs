@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  0 magic      u32  "BLZD"
-//!  4 version    u8   2
+//!  4 version    u8   4
 //!  5 kind       u8   0 request, 1 response
 //!  6 opcode     u16
 //!  8 request_id u64  echoed in the response
@@ -19,7 +19,7 @@ use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BLZD");
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 pub const HEADER_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +141,7 @@ mod tests {
         assert_eq!(
             b[..28],
             [
-                0x42, 0x4c, 0x5a, 0x44, 3, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
+                0x42, 0x4c, 0x5a, 0x44, 4, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
                 0xef, 0xbe, 0xad, 0xde
             ]
         );

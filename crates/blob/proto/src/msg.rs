@@ -2,6 +2,8 @@
 //! same opcode, and its meta part starts with a status: 0 for success
 //! followed by the opcode's reply, or an [`ErrorReply`].
 
+use blizzard_core::limits::{CHUNK_SIZE, TRACT_SIZE_MAX};
+use blizzard_core::reconcile::ChunkState;
 use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 
@@ -30,6 +32,9 @@ pub enum Opcode {
     // from the row's complete members.
     ListRowTracts = 0x0108,
     CopyTract = 0x0109,
+    // Reconciliation after a writer's crash: what each replica holds,
+    // chunk by chunk (it also fences the blob's older writers).
+    DigestTract = 0x010A,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -50,7 +55,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 24] = [
+    pub const ALL: [Opcode; 25] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -62,6 +67,7 @@ impl Opcode {
         Opcode::SyncDisk,
         Opcode::ListRowTracts,
         Opcode::CopyTract,
+        Opcode::DigestTract,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -91,8 +97,59 @@ pub struct TractAddr {
     pub incarnation: Incarnation,
     pub tract: TractNo,
     pub row_version: u64,
+    /// The writer epoch of the process changing the blob (0: none). A
+    /// tractserver refuses a change (and a `DigestTract`) whose epoch is
+    /// older than the newest it has seen for the blob (`ErrorCode::Fenced`),
+    /// so requests of a crashed or replaced writer cannot land after its
+    /// successor reconciled the tract.
+    pub writer: u64,
 }
-wire_struct!(TractAddr { blob: BlobId, incarnation: u64, tract: TractNo, row_version: u64 });
+wire_struct!(TractAddr { blob: BlobId, incarnation: u64, tract: TractNo, row_version: u64, writer: u64 });
+
+/// Most entries a `Reply::Digest` may hold: one per chunk of the largest
+/// tract.
+pub const DIGEST_CHUNKS_MAX: usize = (TRACT_SIZE_MAX / CHUNK_SIZE) as usize;
+
+/// A chunk's state on the wire: a tag byte (0 hole, 1 data followed by its
+/// CRC32C, 2 unreadable).
+impl Wire for ChunkState {
+    const MIN_LEN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        match self {
+            ChunkState::Hole => 0u8.put(w),
+            ChunkState::Data(crc) => {
+                1u8.put(w);
+                crc.put(w);
+            }
+            ChunkState::Unreadable => 2u8.put(w),
+        }
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match u8::get(r)? {
+            0 => Ok(ChunkState::Hole),
+            1 => Ok(ChunkState::Data(u32::get(r)?)),
+            2 => Ok(ChunkState::Unreadable),
+            v => Err(DecodeError::BadValue { field: "chunk state", value: v as u64 }),
+        }
+    }
+}
+
+/// Decodes a digest: a count bounded by [`DIGEST_CHUNKS_MAX`] (and by the
+/// bytes left), then the chunk states.
+fn get_digest(r: &mut Reader<'_>) -> Result<Vec<ChunkState>, DecodeError> {
+    let n = u32::get(r)? as usize;
+    if n > DIGEST_CHUNKS_MAX {
+        return Err(DecodeError::BadValue { field: "digest chunks", value: n as u64 });
+    }
+    if n > r.left() {
+        return Err(DecodeError::ListTooLong { count: n, left: r.left() });
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(ChunkState::get(r)?);
+    }
+    Ok(v)
+}
 
 /// A blob's metadata, the content of its tract −1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -423,6 +480,14 @@ pub enum Request {
     MappedTract {
         addr: TractAddr,
     },
+    /// What this replica holds in each chunk of the tract
+    /// (`Reply::Digest`), for reconciling replicas after a writer crashed.
+    /// It fences first: `addr.writer` becomes the newest writer of the
+    /// blob here (or the request is refused as `Fenced`), so no change of
+    /// an older writer applies after the digest was taken.
+    DigestTract {
+        addr: TractAddr,
+    },
     /// `WriteTract`, acknowledged once the server has applied it, before
     /// it is durable (like a disk with a volatile write cache). The reply
     /// carries the server's boot id; the write is durable after a
@@ -516,6 +581,7 @@ impl Request {
             Request::DeleteTract { .. } => Opcode::DeleteTract,
             Request::TrimTract { .. } => Opcode::TrimTract,
             Request::MappedTract { .. } => Opcode::MappedTract,
+            Request::DigestTract { .. } => Opcode::DigestTract,
             Request::WriteTractCached { .. } => Opcode::WriteTractCached,
             Request::SyncDisk => Opcode::SyncDisk,
             Request::ListRowTracts { .. } => Opcode::ListRowTracts,
@@ -558,7 +624,9 @@ impl Request {
                 offset.put(&mut w);
                 len.put(&mut w);
             }
-            Request::DeleteTract { addr } | Request::MappedTract { addr } => addr.put(&mut w),
+            Request::DeleteTract { addr } | Request::MappedTract { addr } | Request::DigestTract { addr } => {
+                addr.put(&mut w)
+            }
             Request::TrimTract { addr, offset, len } => {
                 addr.put(&mut w);
                 offset.put(&mut w);
@@ -631,6 +699,7 @@ impl Request {
             }
             Opcode::DeleteTract => Request::DeleteTract { addr: Wire::get(r)? },
             Opcode::MappedTract => Request::MappedTract { addr: Wire::get(r)? },
+            Opcode::DigestTract => Request::DigestTract { addr: Wire::get(r)? },
             Opcode::TrimTract => {
                 Request::TrimTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
             }
@@ -714,6 +783,11 @@ pub enum ErrorCode {
     Io = 17,
     /// A replica refused the two-phase commit; the change was not made.
     Aborted = 18,
+    /// The request's writer epoch (`TractAddr::writer`) is older than the
+    /// newest this server has seen for the blob: another process opened it
+    /// for writing since. `ErrorReply::current_version` is that newest
+    /// epoch. Not transient: the old writer must stop.
+    Fenced = 19,
 }
 
 impl ErrorCode {
@@ -738,6 +812,7 @@ impl ErrorCode {
             WrongCluster,
             Io,
             Aborted,
+            Fenced,
         ]
         .into_iter()
         .find(|c| *c as u16 == v)
@@ -760,7 +835,8 @@ impl ErrorCode {
 #[error("{code:?}: {message}")]
 pub struct ErrorReply {
     pub code: ErrorCode,
-    /// For `StaleVersion`: the server's version of the row.
+    /// For `StaleVersion`: the server's version of the row; for `Fenced`:
+    /// the newest writer epoch the server has seen for the blob.
     pub current_version: u64,
     pub message: String,
 }
@@ -810,6 +886,11 @@ pub enum Reply {
         tracts: Vec<RowTract>,
         more: bool,
     },
+    /// `DigestTract`: one state per chunk of the tract, in order; empty
+    /// when the server holds nothing of the tract (at that incarnation).
+    Digest {
+        chunks: Vec<ChunkState>,
+    },
     /// `CopyTract`: the chunks follow in the data part. An incarnation of
     /// 0 means the source does not hold the tract.
     TractCopy {
@@ -844,6 +925,7 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::Read { crcs } => crcs.put(&mut w),
                 Reply::Mapped { bitmap } => bitmap.put(&mut w),
                 Reply::Boot { boot } => boot.put(&mut w),
+                Reply::Digest { chunks } => chunks.put(&mut w),
                 Reply::RowTracts { tracts, more } => {
                     tracts.put(&mut w);
                     more.put(&mut w);
@@ -884,6 +966,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             | Opcode::AssignRows => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
+            Opcode::DigestTract => Reply::Digest { chunks: get_digest(r)? },
             Opcode::WriteTractCached | Opcode::SyncDisk => Reply::Boot { boot: Wire::get(r)? },
             Opcode::ListBlobs => Reply::Blobs(Wire::get(r)?),
             Opcode::ListRowTracts => Reply::RowTracts { tracts: Wire::get(r)?, more: Wire::get(r)? },
@@ -910,7 +993,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn addr() -> TractAddr {
-        TractAddr { blob: BlobId(0x11), incarnation: 2, tract: TractNo(3), row_version: 4 }
+        TractAddr { blob: BlobId(0x11), incarnation: 2, tract: TractNo(3), row_version: 4, writer: 5 }
     }
 
     /// A write request's meta bytes are pinned: changing them is a protocol change.
@@ -923,6 +1006,7 @@ mod tests {
         want.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]);
         want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
         want.extend_from_slice(&[4, 0, 0, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&[5, 0, 0, 0, 0, 0, 0, 0]);
         want.extend_from_slice(&[0, 0x10, 0, 0]);
         want.extend_from_slice(&[1, 0, 0, 0, 0xdd, 0xcc, 0xbb, 0xaa]);
         assert_eq!(&b[..], &want[..]);
@@ -953,6 +1037,7 @@ mod tests {
             Request::DeleteTract { addr: addr() },
             Request::TrimTract { addr: addr(), offset: 4096, len: 8192 },
             Request::MappedTract { addr: addr() },
+            Request::DigestTract { addr: TractAddr { writer: u64::MAX, ..addr() } },
             Request::WriteTractCached { addr: addr(), offset: 8192, crcs: vec![1, 2] },
             Request::SyncDisk,
             Request::ListRowTracts { row: 4, row_version: 5, after: None },
@@ -1043,6 +1128,23 @@ mod tests {
             (Opcode::ReadTract, Ok(Reply::Read { crcs: vec![1, 2, 3] })),
             (Opcode::MappedTract, Ok(Reply::Mapped { bitmap: vec![0b1010_0001, 0, 0xff] })),
             (Opcode::WriteTractCached, Ok(Reply::Boot { boot: 0x0123_4567_89ab_cdef })),
+            (Opcode::DigestTract, Ok(Reply::Digest { chunks: vec![] })),
+            (
+                Opcode::DigestTract,
+                Ok(Reply::Digest {
+                    chunks: vec![
+                        ChunkState::Hole,
+                        ChunkState::Data(0xdead_beef),
+                        ChunkState::Unreadable,
+                        ChunkState::Data(0),
+                    ],
+                }),
+            ),
+            (Opcode::DigestTract, Ok(Reply::Digest { chunks: vec![ChunkState::Data(7); DIGEST_CHUNKS_MAX] })),
+            (
+                Opcode::WriteTract,
+                Err(ErrorReply { code: ErrorCode::Fenced, current_version: 6, message: "fenced".into() }),
+            ),
             (Opcode::SyncDisk, Ok(Reply::Boot { boot: 7 })),
             (
                 Opcode::ListRowTracts,
@@ -1072,7 +1174,71 @@ mod tests {
         }
     }
 
+    /// A digest's bytes are pinned (tag byte, CRC after a data tag), and
+    /// every proper prefix of one is refused.
+    #[test]
+    fn digest_golden_bytes() {
+        let res = Ok(Reply::Digest {
+            chunks: vec![ChunkState::Hole, ChunkState::Data(0x0403_0201), ChunkState::Unreadable],
+        });
+        let b = encode_response(&res);
+        assert_eq!(&b[..], &[0, 0, 3, 0, 0, 0, 0, 1, 1, 2, 3, 4, 2][..]);
+        assert_eq!(decode_response(Opcode::DigestTract, &b), Ok(res));
+        for n in 0..b.len() {
+            assert!(decode_response(Opcode::DigestTract, &b[..n]).is_err(), "prefix {n} accepted");
+        }
+    }
+
+    /// A digest longer than the largest tract has chunks, or with an
+    /// unknown tag, is refused (before allocating for the count).
+    #[test]
+    fn bad_digests_are_refused() {
+        let mut too_long = vec![0u8, 0];
+        too_long.extend_from_slice(&(DIGEST_CHUNKS_MAX as u32 + 1).to_le_bytes());
+        too_long.resize(too_long.len() + DIGEST_CHUNKS_MAX + 1, 0);
+        assert_eq!(
+            decode_response(Opcode::DigestTract, &too_long),
+            Err(DecodeError::BadValue { field: "digest chunks", value: DIGEST_CHUNKS_MAX as u64 + 1 })
+        );
+        let mut huge = vec![0u8, 0];
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_response(Opcode::DigestTract, &huge).is_err());
+        let lying = [0u8, 0, 5, 0, 0, 0, 0, 0];
+        assert!(matches!(
+            decode_response(Opcode::DigestTract, &lying),
+            Err(DecodeError::ListTooLong { count: 5, left: 2 })
+        ));
+        let unknown_tag = [0u8, 0, 2, 0, 0, 0, 0, 3];
+        assert_eq!(
+            decode_response(Opcode::DigestTract, &unknown_tag),
+            Err(DecodeError::BadValue { field: "chunk state", value: 3 })
+        );
+    }
+
+    /// `Fenced` decodes from its number and is not retried as transient.
+    #[test]
+    fn fenced_is_known_and_not_transient() {
+        assert_eq!(ErrorCode::from_u16(19), Some(ErrorCode::Fenced));
+        assert!(!ErrorCode::Fenced.is_transient());
+    }
+
+    fn any_chunk_state() -> impl Strategy<Value = ChunkState> {
+        prop_oneof![
+            Just(ChunkState::Hole),
+            any::<u32>().prop_map(ChunkState::Data),
+            Just(ChunkState::Unreadable)
+        ]
+    }
+
     proptest! {
+        /// Any digest survives an encode/decode round trip.
+        #[test]
+        fn digests_round_trip(chunks in proptest::collection::vec(any_chunk_state(), 0..300)) {
+            let res = Ok(Reply::Digest { chunks });
+            let b = encode_response(&res);
+            prop_assert_eq!(decode_response(Opcode::DigestTract, &b), Ok(res));
+        }
+
         /// Arbitrary bytes never make any decoder panic.
         #[test]
         fn garbage_never_panics(op in 0usize..Opcode::ALL.len(), bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

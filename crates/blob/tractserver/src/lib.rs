@@ -6,13 +6,14 @@
 //! two-phase, the metadata of the blobs whose tract −1 maps to its row.
 //!
 //! Modules, bottom up: `layout` (the disk format), `commit` (group commit),
-//! `store` (tracts in slots, recovery), `service` (the request handlers and
-//! the TLT row checks), `fill` (copying rows this server joined to replace
+//! `store` (tracts in slots, recovery, digests), `fence` (the newest writer
+//! epoch per blob), `service` (the request handlers and the TLT row checks), `fill` (copying rows this server joined to replace
 //! a dead member), `scrub` (re-reading chunks and repairing rot from other
 //! replicas), `metrics` (the Prometheus view), `server` (start-up,
 //! heartbeats, the entry point).
 
 pub mod commit;
+pub mod fence;
 pub mod fill;
 pub mod layout;
 pub mod metrics;

@@ -41,6 +41,13 @@ impl TractService {
                 "Chunk reads that failed their CRC.",
                 n(&st.corrupt_reads),
             )
+            .counter("blizzard_tract_digests_total", "Tract digests taken (reconciliation).", n(&st.digests))
+            .counter(
+                "blizzard_digest_chunks_read_total",
+                "Chunks digests read from the disk (the rest were known in memory).",
+                n(&st.digest_chunks_read),
+            )
+            .gauge("blizzard_writer_fences", "Blobs with a writer fence here.", self.fences.len() as f64)
             .gauge("blizzard_fill_rows", "Rows this server is still copying as a newcomer.", fill.rows as f64)
             .gauge(
                 "blizzard_fill_rows_done",

@@ -8,6 +8,11 @@
 //! prepare on all, then commit locally, then commit on the others. A
 //! prepare carries the full new metadata, so a replica that missed an
 //! earlier change is brought up to date by the next one.
+//!
+//! Tract changes are fenced twice, under the tract's slot lock: by the
+//! client's session (`blizzard_rpc::Caller`: a request the client gave up
+//! on and retried) and by the blob's writer epoch (`fence`: a request of a
+//! writer another process has replaced, refused as `Fenced`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -186,6 +191,8 @@ pub struct TractService {
     /// Random, new at every start: a client holding cached (unsynced)
     /// writes learns from a changed boot id that they may be gone.
     pub boot: u64,
+    /// The newest writer epoch seen per blob (`crate::fence`).
+    pub fences: crate::fence::Fences,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -255,6 +262,7 @@ impl TractService {
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
             scrub: Default::default(),
+            fences: crate::fence::Fences::default(),
         }
     }
 
@@ -369,6 +377,31 @@ impl TractService {
         self.check(a.blob, a.tract, a.row_version).map(|_| ())
     }
 
+    /// Admits `a`'s writer on its blob, raising the blob's fence to it, or
+    /// refuses it as `Fenced` (a newer writer was seen).
+    fn admit_writer(&self, a: &TractAddr) -> Result<(), ErrorReply> {
+        self.fences.admit(a.blob, a.incarnation, a.writer).map_err(|newest| fenced(a, newest))
+    }
+
+    /// Whether a change may apply now: asked under the tract's slot lock
+    /// (the `current` closure of `Store::write_with`, `trim`, `delete_if`),
+    /// which orders the answer against a digest of the tract. Refused if
+    /// the caller's connection was replaced, or if `a`'s writer is older
+    /// than the blob's newest (then `refused_by` holds that newest, so the
+    /// reply can say `Fenced` rather than `Aborted`, which clients retry).
+    fn may_change(&self, caller: &Caller, a: &TractAddr, refused_by: &AtomicU64) -> bool {
+        if !caller.is_current() {
+            return false;
+        }
+        match self.fences.admit(a.blob, a.incarnation, a.writer) {
+            Ok(()) => true,
+            Err(newest) => {
+                refused_by.store(newest, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
     /// Bytes per second of the injected disk's transfer (0: unlimited).
     pub fn io_bandwidth(&self) -> u64 {
         self.io_bandwidth.load(Ordering::Relaxed)
@@ -436,7 +469,9 @@ impl TractService {
             // harmless.
             Request::Ping | Request::Hello { .. } => (Ok(Reply::Done), Bytes::new()),
             Request::WriteTract { addr, offset, crcs } | Request::WriteTractCached { addr, offset, crcs } => {
-                if let Err(e) = self.data_check(&addr) {
+                // Fenced early too, so a refused writer costs no copy; the
+                // check that counts runs again under the slot lock.
+                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
                     return (Err(e), Bytes::new());
                 }
                 if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
@@ -448,7 +483,8 @@ impl TractService {
                 } else {
                     (Durability::Cached, Reply::Boot { boot: self.boot })
                 };
-                let current = || caller.is_current();
+                let refused_by = AtomicU64::new(0);
+                let current = || self.may_change(&caller, &addr, &refused_by);
                 let write = |data: Bytes| {
                     self.store.write_with(
                         addr.blob,
@@ -471,7 +507,7 @@ impl TractService {
                         r = write(data).await;
                     }
                 }
-                (r.map(|_| reply).map_err(store_err), Bytes::new())
+                (r.map(|_| reply).map_err(|e| change_err(e, &addr, &refused_by)), Bytes::new())
             }
             Request::SyncDisk => {
                 // A sync is a round trip to the (injected) disk too.
@@ -491,17 +527,16 @@ impl TractService {
                 }
             }
             Request::DeleteTract { addr } => {
-                if let Err(e) = self.data_check(&addr) {
+                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
                     return (Err(e), Bytes::new());
                 }
                 if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
                     return (Err(e), Bytes::new());
                 }
-                let r = self
-                    .store
-                    .delete_if(addr.blob, addr.incarnation, addr.tract, &|| caller.is_current())
-                    .await;
-                (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+                let refused_by = AtomicU64::new(0);
+                let current = || self.may_change(&caller, &addr, &refused_by);
+                let r = self.store.delete_if(addr.blob, addr.incarnation, addr.tract, &current).await;
+                (r.map(|_| Reply::Done).map_err(|e| change_err(e, &addr, &refused_by)), Bytes::new())
             }
             Request::MappedTract { addr } => {
                 if let Err(e) = self.data_check(&addr) {
@@ -514,17 +549,31 @@ impl TractService {
                 (Ok(Reply::Mapped { bitmap }), Bytes::new())
             }
             Request::TrimTract { addr, offset, len } => {
-                if let Err(e) = self.data_check(&addr) {
+                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
                     return (Err(e), Bytes::new());
                 }
                 if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
                     return (Err(e), Bytes::new());
                 }
-                let r = self
-                    .store
-                    .trim(addr.blob, addr.incarnation, addr.tract, offset, len, &|| caller.is_current())
-                    .await;
-                (r.map(|_| Reply::Done).map_err(store_err), Bytes::new())
+                let refused_by = AtomicU64::new(0);
+                let current = || self.may_change(&caller, &addr, &refused_by);
+                let r = self.store.trim(addr.blob, addr.incarnation, addr.tract, offset, len, &current).await;
+                (r.map(|_| Reply::Done).map_err(|e| change_err(e, &addr, &refused_by)), Bytes::new())
+            }
+            Request::DigestTract { addr } => {
+                // The fence rises before the store is touched: from here on
+                // no change of an older writer is admitted, and the digest
+                // below waits, under the slot lock, for those admitted
+                // before.
+                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
+                    return (Err(e), Bytes::new());
+                }
+                // A newcomer copies the tract first, as for a change.
+                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
+                    return (Err(e), Bytes::new());
+                }
+                let r = self.store.digest(addr.blob, addr.incarnation, addr.tract).await;
+                (r.map(|chunks| Reply::Digest { chunks }).map_err(store_err), Bytes::new())
             }
             Request::ListBlobs => {
                 // Only blobs whose metadata row this server leads: a union
@@ -922,6 +971,27 @@ enum MetaOp {
     Create { incarnation: Incarnation, replication: u8 },
     Extend { mode: ExtendMode, tracts: u64 },
     Delete,
+}
+
+/// The refusal of a request whose writer epoch is older than `newest`.
+fn fenced(a: &TractAddr, newest: u64) -> ErrorReply {
+    ErrorReply {
+        code: ErrorCode::Fenced,
+        current_version: newest,
+        message: format!(
+            "blob {} was opened for writing with epoch {newest}; this request's epoch {} may no longer change it",
+            a.blob, a.writer
+        ),
+    }
+}
+
+/// A change's error: `Fenced` if the writer fence refused it under the
+/// slot lock (`TractService::may_change`), else the store's own.
+fn change_err(e: StoreError, a: &TractAddr, refused_by: &AtomicU64) -> ErrorReply {
+    match (e, refused_by.load(Ordering::Relaxed)) {
+        (StoreError::Superseded, newest) if newest > 0 => fenced(a, newest),
+        (e, _) => store_err(e),
+    }
 }
 
 fn not_primary(blob: BlobId) -> ErrorReply {

@@ -32,6 +32,7 @@
 //! | chunk entry generation != slot generation | chunk unwritten (reads as zeros)  |
 //! | chunk bytes match the entry's previous CRC | the write was cut off before its data: old contents |
 //! | chunk bytes match neither CRC             | `Corrupt` (client reads another replica) |
+//! | overwrite entry (previous CRC kept)       | unsettled: the first digest reads the bytes; memory takes the CRC they match |
 //!
 //! A process killed in the middle of a write leaves every chunk old or new:
 //! first writes put data before the chunk entry, overwrites put the entry
@@ -49,6 +50,7 @@ use tokio::sync::RwLock;
 
 use blizzard_core::crc::{crc32c, first_bad_piece, piece_count, pieces, zeros_crc};
 use blizzard_core::limits::CHUNK_SIZE;
+use blizzard_core::reconcile::ChunkState;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_env::{Clock, Disk};
 
@@ -98,14 +100,69 @@ pub struct StoreStats {
     pub corrupt_reads: AtomicU64,
     /// Damaged chunks rewritten from another replica by the scrubber.
     pub repaired_chunks: AtomicU64,
+    /// Tract digests taken (`Store::digest`).
+    pub digests: AtomicU64,
+    /// Chunks digests had to read from the disk (unsettled ones); the rest
+    /// were answered from memory.
+    pub digest_chunks_read: AtomicU64,
 }
 
 struct SlotState {
     entry: SlotEntry,
     /// One entry per chunk while the slot is used; empty while free.
     chunks: Vec<ChunkEntry>,
+    /// Written chunks whose current bytes memory cannot vouch for: an
+    /// overwrite entry found at open (a crash may have left the bytes
+    /// under the previous CRC), or bytes found matching no CRC their entry
+    /// accepts. Every other written chunk holds bytes whose CRC is its
+    /// entry's `crc`, so a digest answers it from memory.
+    unsettled: ChunkSet,
     /// Highest generation seen for this slot anywhere on disk.
     max_generation: u32,
+}
+
+impl SlotState {
+    /// Makes the slot hold `chunks` (a new tenant, a new incarnation, or
+    /// none): every chunk's bytes are then as memory says.
+    fn reset_chunks(&mut self, chunks: Vec<ChunkEntry>) {
+        self.chunks = chunks;
+        self.unsettled = ChunkSet::default();
+    }
+}
+
+/// A set of chunk numbers of one slot: a bitmap, empty (no allocation)
+/// while no chunk is in it, as is usual.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct ChunkSet {
+    bits: Vec<u64>,
+}
+
+impl ChunkSet {
+    fn insert(&mut self, chunk: u32) {
+        let (w, b) = ((chunk / 64) as usize, chunk % 64);
+        if self.bits.len() <= w {
+            self.bits.resize(w + 1, 0);
+        }
+        self.bits[w] |= 1 << b;
+    }
+
+    fn remove(&mut self, chunk: u32) {
+        let (w, b) = ((chunk / 64) as usize, chunk % 64);
+        if let Some(word) = self.bits.get_mut(w) {
+            *word &= !(1 << b);
+        }
+        if self.bits.iter().all(|w| *w == 0) {
+            self.bits = Vec::new();
+        }
+    }
+
+    fn contains(&self, chunk: u32) -> bool {
+        self.bits.get((chunk / 64) as usize).is_some_and(|w| w & (1 << (chunk % 64)) != 0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bits.is_empty()
+    }
 }
 
 /// A written chunk of a tract, its slot write-locked
@@ -172,6 +229,9 @@ pub struct Store {
 
 /// Disk reads during recovery are done in pieces of about this size.
 const RECOVERY_READ_BYTES: u64 = 16 << 20;
+
+/// Most unsettled chunks a digest reads from the disk at once (1 MiB).
+const DIGEST_READ_CHUNKS: u32 = 256;
 
 impl Store {
     /// Formats `disk` for tracts of `tract_size` bytes, erasing it.
@@ -245,22 +305,51 @@ impl Store {
                 let state = match records[slot as usize] {
                     SlotRecord::Blank => {
                         index.free.push(slot);
-                        SlotState { entry: blank_entry(), chunks: Vec::new(), max_generation: max_chunk_gen }
+                        SlotState {
+                            entry: blank_entry(),
+                            chunks: Vec::new(),
+                            unsettled: ChunkSet::default(),
+                            max_generation: max_chunk_gen,
+                        }
                     }
                     SlotRecord::Damaged => {
                         // Unknown tenant: never hand this slot out again.
                         tracing::error!(slot, "slot table entry is damaged; quarantining the slot");
                         index.quarantined += 1;
-                        SlotState { entry: blank_entry(), chunks: Vec::new(), max_generation: u32::MAX }
+                        SlotState {
+                            entry: blank_entry(),
+                            chunks: Vec::new(),
+                            unsettled: ChunkSet::default(),
+                            max_generation: u32::MAX,
+                        }
                     }
                     SlotRecord::Valid(e) => {
                         index.next_alloc_seq = index.next_alloc_seq.max(e.alloc_seq + 1);
                         let max_generation = e.generation.max(max_chunk_gen);
                         if e.used {
-                            SlotState { entry: e, chunks, max_generation }
+                            // An overwrite entry keeps the previous CRC
+                            // because the write puts it before its data:
+                            // cut off in between, the bytes are the old
+                            // ones. Which of the two they are, only the
+                            // bytes tell (a digest reads them).
+                            let mut unsettled = ChunkSet::default();
+                            for (c, ce) in chunks.iter().enumerate() {
+                                if ce.generation == e.generation
+                                    && e.generation != 0
+                                    && ce.prev_generation == ce.generation
+                                {
+                                    unsettled.insert(c as u32);
+                                }
+                            }
+                            SlotState { entry: e, chunks, unsettled, max_generation }
                         } else {
                             index.free.push(slot);
-                            SlotState { entry: e, chunks: Vec::new(), max_generation }
+                            SlotState {
+                                entry: e,
+                                chunks: Vec::new(),
+                                unsettled: ChunkSet::default(),
+                                max_generation,
+                            }
                         }
                     }
                 };
@@ -286,7 +375,7 @@ impl Store {
                 tracing::warn!(blob = %e.blob, tract = %e.tract, slot = l, "two slots hold one tract; freeing the older");
                 let st = &mut states[l as usize];
                 st.entry.used = false;
-                st.chunks = Vec::new();
+                st.reset_chunks(Vec::new());
                 index.free.push(l);
             }
             if loser != Some(slot as u32) {
@@ -457,7 +546,7 @@ impl Store {
                     alloc_seq,
                 };
                 g.max_generation = generation;
-                g.chunks = vec![ChunkEntry::default(); self.layout.chunks_per_tract() as usize];
+                g.reset_chunks(vec![ChunkEntry::default(); self.layout.chunks_per_tract() as usize]);
                 return Ok((slot, g, true));
             }
             if g.entry.used && g.entry.blob == blob && g.entry.tract == tract {
@@ -477,7 +566,7 @@ impl Store {
     /// gone after a restart.
     fn give_back(&self, slot: u32, g: &mut SlotState, blob: BlobId, tract: TractNo) {
         g.entry.used = false;
-        g.chunks = Vec::new();
+        g.reset_chunks(Vec::new());
         let mut ix = self.index();
         ix.map.remove(&(blob, tract));
         ix.free.push(slot);
@@ -502,7 +591,8 @@ impl Store {
     ///   memory holds as the chunk's previous CRC, and it must match what is
     ///   on disk, or a crash in that overwrite would leave the chunk
     ///   unreadable. (Bytes matching neither, a short write, read as
-    ///   corrupt until the scrubber repairs them from another replica.)
+    ///   corrupt until the scrubber repairs them from another replica; the
+    ///   chunk is unsettled meanwhile, so a digest reads it too.)
     #[allow(clippy::too_many_arguments)]
     async fn undo_failed_write(
         &self,
@@ -511,7 +601,7 @@ impl Store {
         (blob, tract): (BlobId, TractNo),
         fresh: bool,
         entry_before: SlotEntry,
-        chunks_before: Option<Vec<ChunkEntry>>,
+        chunks_before: Option<(Vec<ChunkEntry>, ChunkSet)>,
         first_chunk: u32,
         new_entries: &[ChunkEntry],
     ) {
@@ -520,8 +610,9 @@ impl Store {
             return;
         }
         g.entry = entry_before;
-        if let Some(chunks) = chunks_before {
+        if let Some((chunks, unsettled)) = chunks_before {
             g.chunks = chunks;
+            g.unsettled = unsettled;
             return;
         }
         for (i, e) in new_entries.iter().enumerate() {
@@ -531,14 +622,37 @@ impl Store {
                 continue;
             }
             let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
-            if let Ok(b) = self.disk.read_at(at, CHUNK_SIZE as usize).await {
-                if crc32c(&b) == e.crc {
-                    if let Some(c) = g.chunks.get_mut(chunk as usize) {
-                        *c = *e;
-                    }
+            let now = self.disk.read_at(at, CHUNK_SIZE as usize).await.ok().map(|b| crc32c(&b));
+            let old = g.chunks.get(chunk as usize).map(|c| c.crc);
+            if now == Some(e.crc) {
+                if let Some(c) = g.chunks.get_mut(chunk as usize) {
+                    *c = *e;
                 }
+                g.unsettled.remove(chunk);
+            } else if now.is_some() && now == old {
+                g.unsettled.remove(chunk);
+            } else {
+                g.unsettled.insert(chunk);
             }
         }
+    }
+
+    /// Reads an unsettled chunk's bytes and settles memory to them
+    /// ([`settle`]): returns their CRC, or `None` if its entry accepts no
+    /// CRC they have (the chunk stays unsettled).
+    async fn settle_from_disk(
+        &self,
+        slot: u32,
+        g: &mut SlotState,
+        chunk: u32,
+    ) -> Result<Option<u32>, StoreError> {
+        let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
+        let b = self.disk.read_at(at, CHUNK_SIZE as usize).await?;
+        let crc = crc32c(&b);
+        Ok(match settle(g, chunk, crc) {
+            ChunkState::Data(c) => Some(c),
+            ChunkState::Hole | ChunkState::Unreadable => None,
+        })
     }
 
     async fn read_chunk_verified(
@@ -626,16 +740,16 @@ impl Store {
         }
         // What memory said before this write, to put back if it fails.
         let entry_before = g.entry;
-        let mut chunks_before: Option<Vec<ChunkEntry>> = None;
+        let mut chunks_before: Option<(Vec<ChunkEntry>, ChunkSet)> = None;
         let mut entry_dirty = fresh;
         if g.entry.incarnation != incarnation {
-            chunks_before = Some(std::mem::take(&mut g.chunks));
+            chunks_before = Some((std::mem::take(&mut g.chunks), std::mem::take(&mut g.unsettled)));
             // A new life of this blob id: everything stored before is void.
             let generation = g.max_generation.wrapping_add(1).max(1);
             g.entry.incarnation = incarnation;
             g.entry.generation = generation;
             g.max_generation = generation;
-            g.chunks = vec![ChunkEntry::default(); self.layout.chunks_per_tract() as usize];
+            g.reset_chunks(vec![ChunkEntry::default(); self.layout.chunks_per_tract() as usize]);
             entry_dirty = true;
         }
         if version > g.entry.written_version {
@@ -694,7 +808,14 @@ impl Store {
                         Some((overwrite, s, e))
                     }
                 };
-                new_entries.push(entry(crc, overwrite.then_some(old.crc)));
+                // The previous CRC must be the bytes' own: for an unsettled
+                // chunk only the disk knows it.
+                let prev = if overwrite && g.unsettled.contains(chunk) {
+                    self.settle_from_disk(slot, &mut g, chunk).await?.unwrap_or(old.crc)
+                } else {
+                    old.crc
+                };
+                new_entries.push(entry(crc, overwrite.then_some(prev)));
             } else {
                 let (old_bytes, old_crc) = self.read_chunk_verified(slot, &g, chunk).await?;
                 let at = (abs % CHUNK_SIZE) as usize;
@@ -744,10 +865,12 @@ impl Store {
             .await;
             return Err(e.into());
         }
+        // Memory now knows every written chunk's bytes: the new ones.
         for (i, e) in new_entries.into_iter().enumerate() {
             if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
                 *c = e;
             }
+            g.unsettled.remove(first_chunk + i as u32);
         }
         drop(g);
         // Durable before acknowledged: wait for a group commit that started
@@ -762,8 +885,35 @@ impl Store {
 
     /// Reads `[offset, offset + len)` of a tract: the bytes and one CRC32C
     /// per piece. Never-written ranges (and tracts of another incarnation)
-    /// read as zeros.
+    /// read as zeros. A chunk found `Corrupt` becomes unsettled: memory no
+    /// longer vouches for its bytes, so the next digest reads them.
     pub async fn read(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+        offset: u32,
+        len: u32,
+    ) -> Result<(Bytes, Vec<u32>), StoreError> {
+        let r = self.read_verified(blob, incarnation, tract, offset, len).await;
+        if let Err(StoreError::Corrupt { slot, chunk }) = &r {
+            if let Some(cell) = self.slots.get(*slot as usize) {
+                let mut g = cell.write().await;
+                let gen = g.entry.generation;
+                if g.entry.used
+                    && g.entry.blob == blob
+                    && g.entry.tract == tract
+                    && g.entry.incarnation == incarnation
+                    && g.chunks.get(*chunk as usize).is_some_and(|e| e.generation == gen && gen != 0)
+                {
+                    g.unsettled.insert(*chunk);
+                }
+            }
+        }
+        r
+    }
+
+    async fn read_verified(
         &self,
         blob: BlobId,
         incarnation: Incarnation,
@@ -861,6 +1011,76 @@ impl Store {
         Ok((data, crcs))
     }
 
+    /// What this replica holds in each chunk of a tract, for making the
+    /// tract's replicas agree (`blizzard_core::reconcile`): `Hole` for a
+    /// chunk not written (or trimmed), `Data` with the CRC32C of the bytes
+    /// it holds now, `Unreadable` for bytes matching no CRC its entry
+    /// accepts. Empty if the tract is not held here at `incarnation`.
+    ///
+    /// Under the slot's write lock, so every change admitted before it has
+    /// finished, and none runs meanwhile. Memory knows the bytes of every
+    /// chunk this process wrote; only unsettled chunks (an overwrite found
+    /// at open, which a crash may have cut off before its data) are read,
+    /// once: memory then settles to what they hold.
+    pub async fn digest(
+        &self,
+        blob: BlobId,
+        incarnation: Incarnation,
+        tract: TractNo,
+    ) -> Result<Vec<ChunkState>, StoreError> {
+        self.stats.digests.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(Vec::new()) };
+        let Some(cell) = self.slots.get(slot as usize) else { return Ok(Vec::new()) };
+        let mut g = cell.write().await;
+        if !(g.entry.used
+            && g.entry.blob == blob
+            && g.entry.tract == tract
+            && g.entry.incarnation == incarnation)
+        {
+            return Ok(Vec::new());
+        }
+        let gen = g.entry.generation;
+        let written = |e: &ChunkEntry| e.generation == gen && gen != 0;
+        let mut out: Vec<ChunkState> = g
+            .chunks
+            .iter()
+            .map(|e| if written(e) { ChunkState::Data(e.crc) } else { ChunkState::Hole })
+            .collect();
+        if g.unsettled.is_empty() {
+            return Ok(out);
+        }
+        // Runs of unsettled written chunks, one disk read per run (at most
+        // DIGEST_READ_CHUNKS long).
+        let chunks = out.len() as u32;
+        let unsettled = |g: &SlotState, out: &[ChunkState], c: u32| {
+            g.unsettled.contains(c) && out[c as usize] != ChunkState::Hole
+        };
+        let mut c = 0u32;
+        while c < chunks {
+            if !unsettled(&g, &out, c) {
+                // An unwritten chunk has no bytes to settle.
+                g.unsettled.remove(c);
+                c += 1;
+                continue;
+            }
+            let start = c;
+            while c < chunks && c - start < DIGEST_READ_CHUNKS && unsettled(&g, &out, c) {
+                c += 1;
+            }
+            let n = c - start;
+            let b = self
+                .disk
+                .read_at(self.layout.data_offset_of(slot, start * CHUNK_SIZE), (n * CHUNK_SIZE) as usize)
+                .await?;
+            self.stats.digest_chunks_read.fetch_add(n as u64, Ordering::Relaxed);
+            for (i, bytes) in b.chunks_exact(CHUNK_SIZE as usize).enumerate() {
+                let chunk = start + i as u32;
+                out[chunk as usize] = settle(&mut g, chunk, crc32c(bytes));
+            }
+        }
+        Ok(out)
+    }
+
     /// For [`Store::repair_chunk`] and [`Store::heal_chunk`]: the slot of a
     /// tract stored here at `incarnation`, write-locked (no client write to
     /// the tract runs meanwhile), with chunk `chunk`'s entry, where its data
@@ -916,7 +1136,7 @@ impl Store {
         data: Bytes,
         allow_prev: bool,
     ) -> Result<bool, StoreError> {
-        let Some(LockedChunk { g, entry: e, at, now, .. }) =
+        let Some(LockedChunk { mut g, entry: e, at, now, .. }) =
             self.lock_written_chunk(blob, incarnation, tract, chunk, data.len()).await?
         else {
             return Ok(false);
@@ -933,6 +1153,8 @@ impl Store {
             let _slot = self.writers.acquire().await;
             self.disk.write_at(vec![(at, data)]).await?;
         }
+        // Memory knows the bytes now (the previous contents, if those).
+        settle(&mut g, chunk, crc);
         drop(g);
         self.commit.sync().await.map_err(|_| StoreError::Failed)?;
         self.stats.repaired_chunks.fetch_add(1, Ordering::Relaxed);
@@ -977,6 +1199,7 @@ impl Store {
         if let Some(c) = g.chunks.get_mut(chunk as usize) {
             *c = healed;
         }
+        g.unsettled.remove(chunk);
         drop(g);
         self.commit.sync().await.map_err(|_| StoreError::Failed)?;
         self.stats.repaired_chunks.fetch_add(1, Ordering::Relaxed);
@@ -1071,7 +1294,7 @@ impl Store {
         }
         if empty {
             g.entry.used = false;
-            g.chunks = Vec::new();
+            g.reset_chunks(Vec::new());
             let mut ix = self.index();
             ix.map.remove(&(blob, tract));
             ix.free.push(slot);
@@ -1080,6 +1303,7 @@ impl Store {
                 if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
                     *c = e;
                 }
+                g.unsettled.remove(first_chunk + i as u32);
             }
         }
         drop(g);
@@ -1134,7 +1358,7 @@ impl Store {
             .write_at(vec![(self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&freed.encode()))])
             .await?;
         g.entry.used = false;
-        g.chunks = Vec::new();
+        g.reset_chunks(Vec::new());
         {
             let mut ix = self.index();
             ix.map.remove(&(blob, tract));
@@ -1195,6 +1419,24 @@ async fn measure_write_speed(
     disk.sync().await?;
     let secs = clock.now().duration_since(start).as_secs_f64();
     Ok(if secs > 0.0 { ((at as f64 / 1e6) / secs).min(u32::MAX as f64) as u32 } else { 0 })
+}
+
+/// What a written chunk whose bytes have CRC `crc` holds, making memory
+/// say so: an entry accepting `crc` as its previous contents becomes
+/// `settled_to(crc)` (a write cut off before its data), and the chunk
+/// leaves the unsettled set; bytes the entry does not accept leave the
+/// chunk `Unreadable` and unsettled.
+fn settle(g: &mut SlotState, chunk: u32, crc: u32) -> ChunkState {
+    let Some(e) = g.chunks.get_mut(chunk as usize) else { return ChunkState::Hole };
+    if crc != e.crc {
+        if !e.accepts(crc) {
+            g.unsettled.insert(chunk);
+            return ChunkState::Unreadable;
+        }
+        *e = e.settled_to(crc);
+    }
+    g.unsettled.remove(chunk);
+    ChunkState::Data(crc)
 }
 
 fn blank_entry() -> SlotEntry {
@@ -1569,6 +1811,153 @@ mod tests {
         put(&s, 1, 2, 0, 4096, &pattern(2, 10)).await?;
         assert_eq!(&get(&s, 1, 2, 0, 0, 4096).await?[..], &[0u8; 4096][..]);
         assert_eq!(&get(&s, 1, 1, 0, 0, 4096).await?[..], &[0u8; 4096][..]);
+        Ok(())
+    }
+
+    fn chunk_crc(b: &[u8], chunk: usize) -> u32 {
+        crc32c(&b[chunk * CHUNK_SIZE as usize..(chunk + 1) * CHUNK_SIZE as usize])
+    }
+
+    fn digest_reads(s: &Store) -> u64 {
+        s.stats.digest_chunks_read.load(Ordering::Relaxed)
+    }
+
+    /// A digest says, per chunk, hole or the CRC of the bytes there
+    /// (whole, partial and trimmed chunks), answered from memory for
+    /// chunks this process wrote; a tract not held here, or held at
+    /// another incarnation, digests as nothing.
+    #[tokio::test]
+    async fn digest_reports_holes_written_and_trimmed() -> Result<(), StoreError> {
+        use ChunkState::{Data, Hole};
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        put(&s, 1, 1, 0, 0, &pattern(1, 8192)).await?;
+        put(&s, 1, 1, 0, 5 * 4096 + 100, &pattern(2, 10)).await?;
+        put(&s, 1, 1, 0, 0, &pattern(3, 4096)).await?;
+        put(&s, 1, 1, 0, 7 * 4096, &pattern(4, 8192)).await?;
+        s.trim(BlobId(1), 1, TractNo(0), 8 * 4096, 4096, ALWAYS).await?;
+        let b = get(&s, 1, 1, 0, 0, TRACT).await?;
+        let mut want = vec![Hole; (TRACT / CHUNK_SIZE) as usize];
+        for c in [0, 1, 5, 7] {
+            want[c] = Data(chunk_crc(&b, c));
+        }
+        assert_eq!(s.digest(BlobId(1), 1, TractNo(0)).await?, want);
+        // The partial write's chunk: its bytes are zeros around the write.
+        let mut c5 = vec![0u8; 4096];
+        c5[100..110].copy_from_slice(&pattern(2, 10));
+        assert_eq!(want[5], Data(crc32c(&c5)));
+        assert!(s.digest(BlobId(1), 2, TractNo(0)).await?.is_empty(), "another incarnation");
+        assert!(s.digest(BlobId(1), 1, TractNo(1)).await?.is_empty(), "a tract never written");
+        assert_eq!(digest_reads(&s), 0, "written here: memory knows every chunk");
+        assert_eq!(s.stats.digests.load(Ordering::Relaxed), 3);
+        Ok(())
+    }
+
+    /// An overwrite cut off by a crash (as in
+    /// `write_cut_off_part_way_reads_old_or_new`) is digested after a
+    /// reopen with the CRC of the bytes actually there, old or new, read
+    /// from the disk once: a second digest reads nothing, and a read agrees.
+    #[tokio::test]
+    async fn digest_after_a_cut_off_overwrite_reports_the_bytes_there() -> Result<(), StoreError> {
+        let old = pattern(1, TRACT as usize);
+        let new = pattern(2, TRACT as usize);
+        // The overwrite of chunks 0..4 is one batch: its chunk entries,
+        // then its data. Cut after the entries: old bytes; after both: new.
+        for (keep, want) in [(1, &old), (2, &new)] {
+            let dir = tempfile::tempdir()?;
+            let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+            let disk = Arc::new(DyingDisk { inner: real, armed: false.into(), keep });
+            let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+            put(&s, 1, 1, 3, 0, &old.slice(0..32768)).await?;
+            disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(put(&s, 1, 1, 3, 0, &new.slice(0..16384)).await.is_err(), "the write was cut off");
+            drop(s);
+            drop(disk);
+            let s = reopen(&dir).await?;
+            let d = s.digest(BlobId(1), 1, TractNo(3)).await?;
+            // Chunks 0..4 as the cut left them, 4..8 untouched, the rest holes.
+            let expect: Vec<ChunkState> = (0..(TRACT / CHUNK_SIZE) as usize)
+                .map(|c| match c {
+                    0..4 => ChunkState::Data(chunk_crc(want, c)),
+                    4..8 => ChunkState::Data(chunk_crc(&old, c)),
+                    _ => ChunkState::Hole,
+                })
+                .collect();
+            assert_eq!(d, expect, "keep {keep}");
+            assert_eq!(digest_reads(&s), 4, "keep {keep}: only the overwritten chunks are read");
+            assert_eq!(s.digest(BlobId(1), 1, TractNo(3)).await?, d, "keep {keep}");
+            assert_eq!(digest_reads(&s), 4, "keep {keep}: a second digest reads nothing");
+            let b = get(&s, 1, 1, 3, 0, TRACT).await?;
+            assert_eq!(&b[..16384], &want[..16384], "keep {keep}: a read agrees");
+        }
+        Ok(())
+    }
+
+    /// After a reopen, a whole-chunk overwrite of a chunk whose previous
+    /// overwrite was cut off before its data stores the CRC of the bytes
+    /// really there as its previous CRC: cut off again, the chunk reads old,
+    /// not `Corrupt` (memory's CRC there was the lost write's).
+    #[tokio::test]
+    async fn a_second_cut_off_overwrite_after_reopen_reads_old() -> Result<(), StoreError> {
+        let old = pattern(1, 4096);
+        let dir = tempfile::tempdir()?;
+        let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+        let disk = Arc::new(DyingDisk { inner: real, armed: false.into(), keep: 1 });
+        let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+        put(&s, 1, 1, 3, 0, &old).await?;
+        disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(put(&s, 1, 1, 3, 0, &pattern(2, 4096)).await.is_err());
+        drop(s);
+        drop(disk);
+        for round in 0..2 {
+            let real = Env::real().open_disk(&dir.path().join("disk"), None).await?;
+            let disk = Arc::new(DyingDisk { inner: real, armed: false.into(), keep: 1 });
+            let s = Store::open(disk.clone()).await?;
+            disk.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(put(&s, 1, 1, 3, 0, &pattern(3 + round, 4096)).await.is_err());
+            drop(s);
+            drop(disk);
+            let s = reopen(&dir).await?;
+            assert_eq!(get(&s, 1, 1, 3, 0, 4096).await?, old, "round {round}");
+        }
+        Ok(())
+    }
+
+    /// A chunk whose bytes match no CRC its entry accepts digests as
+    /// `Unreadable`: an overwritten chunk damaged while the server was
+    /// down (read at the first digest), and a chunk a read found corrupt
+    /// (memory stops vouching for it).
+    #[tokio::test]
+    async fn a_corrupt_chunk_digests_as_unreadable() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let s = fresh(&dir, 16 << 20).await?;
+        put(&s, 1, 1, 3, 0, &pattern(9, 16384)).await?;
+        put(&s, 1, 1, 3, 4096, &pattern(8, 4096)).await?;
+        let at = s.data_location(BlobId(1), TractNo(3)).ok_or(StoreError::Failed)?;
+        drop(s);
+        let raw = Env::real().open_disk(&dir.path().join("disk"), None).await?;
+        for off in [4096 + 7, 3 * 4096 + 7] {
+            let b = raw.read_at(at + off, 1).await?;
+            raw.write_at(vec![(at + off, Bytes::from(vec![b[0] ^ 0x10]))]).await?;
+        }
+        raw.sync().await?;
+        drop(raw);
+        let s = reopen(&dir).await?;
+        let d = s.digest(BlobId(1), 1, TractNo(3)).await?;
+        assert_eq!(d[1], ChunkState::Unreadable, "the overwritten chunk was read");
+        assert_eq!(d[0], ChunkState::Data(crc32c(&pattern(9, 16384)[..4096])));
+        // Chunk 3 was written once: memory vouches for it until a read
+        // finds it corrupt.
+        assert!(matches!(d[3], ChunkState::Data(_)));
+        assert!(matches!(get(&s, 1, 1, 3, 3 * 4096, 4096).await, Err(StoreError::Corrupt { chunk: 3, .. })));
+        let d = s.digest(BlobId(1), 1, TractNo(3)).await?;
+        assert_eq!((d[1], d[3]), (ChunkState::Unreadable, ChunkState::Unreadable));
+        // A whole-chunk write makes it known again, without a read.
+        put(&s, 1, 1, 3, 3 * 4096, &pattern(5, 4096)).await?;
+        let reads = digest_reads(&s);
+        let d = s.digest(BlobId(1), 1, TractNo(3)).await?;
+        assert_eq!(d[3], ChunkState::Data(crc32c(&pattern(5, 4096))));
+        assert_eq!(digest_reads(&s), reads + 1, "only the still unreadable chunk 1 is read");
         Ok(())
     }
 

@@ -1,0 +1,246 @@
+//! Reconciling a tract's replicas and fencing older writers, on real
+//! sockets and files: a metadata server and 4 tractservers, 3-way
+//! replication.
+
+#![allow(clippy::unwrap_used)]
+// These tests talk to single tractservers directly, from outside the
+// servers' env, to make replicas differ on purpose.
+#![allow(clippy::disallowed_methods)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use blizzard_client::{Blob, Client, ClientError};
+use blizzard_cluster::{Cluster, ClusterConfig};
+use blizzard_core::crc::piece_crcs;
+use blizzard_core::TractNo;
+use blizzard_env::Env;
+use blizzard_proto::{Reply, Request, TractAddr};
+
+const TRACT: u32 = 64 << 10;
+const CHUNK: u32 = 4096;
+
+type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+async fn cluster(dir: &tempfile::TempDir, io_delay: Duration) -> Cluster {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let mut cfg = ClusterConfig::new(dir.path());
+    cfg.tractservers = 4;
+    cfg.replication = 3;
+    cfg.tract_size = TRACT;
+    cfg.disk_size = 32 << 20;
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    cfg.io_delay = io_delay;
+    Cluster::start(Env::real(), cfg).await.unwrap()
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed)).collect()
+}
+
+/// The addresses of the replicas of `tract`, in row order, and the row's
+/// version.
+fn replicas(client: &Client, blob: &Blob, tract: u64) -> (Vec<String>, u64) {
+    let tlt = client.tlt();
+    let row = &tlt.rows[tlt.locate(blob.id(), TractNo(tract as i64))];
+    let addrs = row.members.iter().take(3).map(|m| tlt.members[*m as usize].addr.clone()).collect();
+    (addrs, row.version)
+}
+
+/// Sends one request to one tractserver alone, as a client whose write
+/// reached only that replica would have.
+async fn send_to(server: &str, req: Request, data: Bytes) -> Result<Reply, blizzard_rpc::RpcError> {
+    let conn = blizzard_rpc::RpcConn::connect(&Env::real(), server).await?;
+    conn.call(&req, data).await.map(|(r, _)| r)
+}
+
+fn addr(blob: &Blob, tract: u64, row_version: u64) -> TractAddr {
+    TractAddr {
+        blob: blob.id(),
+        incarnation: blob.incarnation(),
+        tract: TractNo(tract as i64),
+        row_version,
+        writer: blob.writer(),
+    }
+}
+
+async fn write_to(server: &str, blob: &Blob, row_version: u64, offset: u32, data: &[u8]) -> R {
+    let req =
+        Request::WriteTract { addr: addr(blob, 0, row_version), offset, crcs: piece_crcs(offset, data) };
+    send_to(server, req, Bytes::copy_from_slice(data)).await?;
+    Ok(())
+}
+
+/// Replicas made to differ the ways a writer's crash leaves them (a
+/// partial and a whole-chunk overwrite that reached one replica, a chunk
+/// only one replica holds, a chunk one replica lost to a trim) are made
+/// equal by `reconcile`, to the contents of the row's first member, with
+/// exactly the repairs needed; a second reconcile finds nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_makes_diverged_replicas_agree() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, Duration::ZERO).await;
+    let client = c.client().await?;
+    let blob = client.create_blob(None, 3).await?;
+    blob.extend_to(2).await?;
+    // Chunks 0..8 on every replica.
+    let base = pattern(1, 8 * CHUNK as usize);
+    blob.write(0, 0, Bytes::from(base.clone())).await?;
+    let (servers, version) = replicas(&client, &blob, 0);
+
+    // The first member: a partial overwrite of chunk 4 only it took.
+    let p0 = pattern(2, 100);
+    write_to(&servers[0], &blob, version, 4 * CHUNK + 300, &p0).await?;
+    // The second: a partial overwrite across chunks 1 and 2, a whole chunk
+    // 3, and chunk 10, which nobody else holds.
+    write_to(&servers[1], &blob, version, 5000, &pattern(3, 6000)).await?;
+    write_to(&servers[1], &blob, version, 3 * CHUNK, &pattern(4, CHUNK as usize)).await?;
+    write_to(&servers[1], &blob, version, 10 * CHUNK, &pattern(5, CHUNK as usize)).await?;
+    // The third lost chunk 6 (a trim only it took).
+    let trim = Request::TrimTract { addr: addr(&blob, 0, version), offset: 6 * CHUNK, len: CHUNK };
+    send_to(&servers[2], trim, Bytes::new()).await?;
+
+    let mut want = vec![0u8; TRACT as usize];
+    want[..base.len()].copy_from_slice(&base);
+    want[4 * CHUNK as usize + 300..4 * CHUNK as usize + 400].copy_from_slice(&p0);
+    let before = blob.read_replicas(0, 0, TRACT).await?;
+    assert_eq!(before.len(), 3);
+    assert!(before[0][..] == want[..], "the first member holds what it was sent");
+    assert!(before[1] != before[0] && before[2] != before[0], "the replicas differ");
+
+    let rec = blob.reconcile(0).await?;
+    // Chunks 1, 2, 3 and 10 at the second member, 4 at the second and
+    // third, 6 at the third: copies but for chunk 10, which is trimmed.
+    assert_eq!(rec.tracts, 1);
+    assert_eq!(rec.chunks_compared, (TRACT / CHUNK) as u64);
+    assert_eq!(rec.chunk_repairs, 7, "{rec:?}");
+    assert_eq!(rec.bytes_copied, 6 * CHUNK as u64, "{rec:?}");
+    assert_eq!(rec.unreadable_chunks, 0);
+    let after = blob.read_replicas(0, 0, TRACT).await?;
+    for (i, r) in after.iter().enumerate() {
+        assert!(r[..] == want[..], "replica {i} ({}) differs from the first member", servers[i]);
+    }
+    assert!(blob.read(0, 0, TRACT).await?[..] == want[..]);
+
+    let again = blob.reconcile(0).await?;
+    assert_eq!((again.chunk_repairs, again.bytes_copied), (0, 0), "{again:?}");
+    // A tract nobody wrote agrees already.
+    assert_eq!(blob.reconcile(1).await?.chunk_repairs, 0);
+    let digests: u64 = (0..c.tractserver_count())
+        .filter_map(|i| c.tractserver(i))
+        .map(|t| t.service.store.stats.digests.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    assert!(digests >= 3 * 3, "every replica digested each round: {digests}");
+    c.stop().await;
+    Ok(())
+}
+
+/// Once a writer with epoch 5 has digested a tract, a handle on the blob
+/// with epoch 4 can neither write nor trim it, nor digest it, and changes
+/// nothing; epochs 5 and 6 write, after which 5 is fenced too. Deleting
+/// the blob still frees its tracts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_writer_is_fenced_once_a_newer_one_digested() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, Duration::ZERO).await;
+    let client = c.client().await?;
+    let created = client.create_blob(None, 3).await?;
+    created.extend_to(1).await?;
+    let old = Bytes::from(pattern(1, TRACT as usize));
+    created.write(0, 0, old.clone()).await?;
+
+    let a = client.open_blob(created.id()).await?;
+    a.set_writer(5);
+    assert_eq!(a.writer(), 5);
+    a.reconcile(0).await?;
+
+    let b = client.open_blob(created.id()).await?;
+    b.set_writer(4);
+    let fenced = |r: Result<(), ClientError>, what: &str| match r {
+        Err(ClientError::Fenced { newest: 5, .. }) => {}
+        other => panic!("{what} by writer 4: {other:?}"),
+    };
+    fenced(b.write(0, 0, Bytes::from(pattern(2, 4096))).await, "write");
+    fenced(b.write_cached(0, 100, Bytes::from(pattern(2, 10))).await.map(|_| ()), "cached write");
+    fenced(b.trim(0, 0, 4096).await, "trim");
+    fenced(b.reconcile(0).await.map(|_| ()), "digest");
+    let e = b.trim(0, 0, 4096).await.unwrap_err();
+    assert!(e.to_string().contains("epoch 5"), "the error says who holds the blob: {e}");
+    for r in a.read_replicas(0, 0, TRACT).await? {
+        assert!(r == old, "a fenced writer changed a replica");
+    }
+
+    // The fence holds writer 5 itself, and newer ones.
+    b.set_writer(5);
+    b.write(0, 0, Bytes::from(pattern(3, 4096))).await?;
+    b.set_writer(6);
+    b.write(0, 4096, Bytes::from(pattern(4, 4096))).await?;
+    assert!(matches!(
+        a.write(0, 0, Bytes::from(pattern(5, 10))).await,
+        Err(ClientError::Fenced { newest: 6, .. })
+    ));
+    let mut want = old.to_vec();
+    want[..4096].copy_from_slice(&pattern(3, 4096));
+    want[4096..8192].copy_from_slice(&pattern(4, 4096));
+    assert!(a.read(0, 0, TRACT).await?[..] == want[..]);
+
+    // Deleting the blob (a handle without an epoch) frees its tracts.
+    client.delete_blob(created.id()).await?;
+    let used: u64 =
+        (0..c.tractserver_count()).filter_map(|i| c.tractserver(i)).map(|t| t.service.store.usage().1).sum();
+    assert_eq!(used, 0, "tracts of the deleted blob are left");
+    c.stop().await;
+    Ok(())
+}
+
+/// A change of an older writer that was admitted on arrival, but reaches
+/// the tract only after a newer writer's digest raised the fence (here it
+/// waits out an injected disk delay in between), is refused when it gets
+/// there: the fence is checked again under the tract's lock, the lock the
+/// digest takes, so the digest saw everything that will ever land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_arrives_before_the_fence_but_lands_after_is_refused() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, Duration::from_millis(500)).await;
+    let client = c.client().await?;
+    let created = client.create_blob(None, 3).await?;
+    created.extend_to(1).await?;
+    let old = Bytes::from(pattern(1, TRACT as usize));
+    created.write(0, 0, old.clone()).await?;
+    let inflight = || -> u32 {
+        (0..c.tractserver_count())
+            .filter_map(|i| c.tractserver(i))
+            .map(|t| t.service.inflight.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    };
+    assert_eq!(inflight(), 0);
+
+    let b = client.open_blob(created.id()).await?;
+    b.set_writer(4);
+    let late = tokio::spawn(async move { b.write(0, 0, Bytes::from(pattern(2, 4096))).await });
+    // Every replica has admitted the write (it is counted in flight from
+    // before its first check) and now waits for the disk.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while inflight() < 3 {
+        assert!(std::time::Instant::now() < deadline, "the write never reached its replicas");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let a = client.open_blob(created.id()).await?;
+    a.set_writer(5);
+    a.reconcile(0).await?;
+    match late.await? {
+        Err(ClientError::Fenced { newest: 5, .. }) => {}
+        other => panic!("a write of writer 4 landing after writer 5's digest: {other:?}"),
+    }
+    for r in a.read_replicas(0, 0, TRACT).await? {
+        assert!(r == old, "the fenced write changed a replica after the digest");
+    }
+    c.stop().await;
+    Ok(())
+}
