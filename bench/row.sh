@@ -7,6 +7,7 @@
 # Environment (all optional):
 #   BIN=target/release/blizzard   the binary under test
 #   MODE=write-through            --mode of the volume (fast-ack, log)
+#   REPL=1                        --replication of the volume
 #   FLUSH=durable                 --flush policy (ordered)
 #   RW=write BS=1M QD=8           the fio row
 #   RUNTIME=5                     seconds
@@ -29,6 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/blizzard}
 MODE=${MODE:-write-through}
+REPL=${REPL:-1}
 FLUSH=${FLUSH:-durable}
 RW=${RW:-write}
 BS=${BS:-1M}
@@ -42,7 +44,7 @@ LOG=$(mktemp)
 
 rm -rf "$DIR"
 "$BIN" up --data "$DIR" --listen "127.0.0.1:$PORT" --meta-listen "127.0.0.1:$((PORT + 1))" \
-    --tractservers 4 --replication 1 --mode "$MODE" --flush "$FLUSH" --size 1GiB ${UP_ARGS:-} > "$LOG" 2>&1 &
+    --tractservers 4 --replication "$REPL" --mode "$MODE" --flush "$FLUSH" --size 1GiB ${UP_ARGS:-} > "$LOG" 2>&1 &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$LOG"' EXIT
 
@@ -81,7 +83,7 @@ out=$(fio --name=row --ioengine=nbd --uri="$URI" --rw="$RW" --bs="$BS" --iodepth
 sleep 1
 c1=$(cpu)
 u1=$(ucpu)
-python3 - "$out" "$((c1 - c0))" "$(getconf CLK_TCK)" "$BIN" "$MODE $RW bs=$BS qd=$QD prefill=$PREFILL" "$((u1 - u0))" <<'EOF'
+python3 - "$out" "$((c1 - c0))" "$(getconf CLK_TCK)" "$BIN" "$MODE r$REPL $RW bs=$BS qd=$QD prefill=$PREFILL" "$((u1 - u0))" <<'EOF'
 import json, sys
 j = json.loads(sys.argv[1][sys.argv[1].index("{"):])["jobs"][0]
 ticks, hz, binary, row = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]

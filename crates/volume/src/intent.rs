@@ -760,7 +760,13 @@ impl IntentLog {
     async fn clear_idle(&self) -> Result<(), VolumeError> {
         let now = self.env.now();
         let Some(before) = now.checked_sub(CLEAR_AFTER) else { return Ok(()) };
-        let pages = self.lock().take_idle(before);
+        let pages = {
+            let mut m = self.lock();
+            let mut pages = m.take_idle(before);
+            // And pages a failed clearing write left with bits to drop.
+            pages.extend(m.pages_set().into_iter().filter(|p| m.needs_write(*p)));
+            pages
+        };
         for page in pages {
             self.rewrite(page).await?;
         }
