@@ -594,21 +594,29 @@ impl IntentLog {
     /// Holds the bits of `tracts` for a write: returns once each is set on
     /// every replica (rule 1). Waits while one of them is reconciled.
     pub async fn enter(self: &Arc<Self>, tracts: &[u64]) -> Result<IntentGuard, VolumeError> {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut m = self.lock();
-                if !tracts.iter().any(|t| m.blocked(*t)) {
-                    let now = self.env.now();
-                    for t in tracts {
-                        m.enter(*t, now);
-                    }
+        // Counts the write in unless one of its tracts is being reconciled.
+        let try_enter = || {
+            let mut m = self.lock();
+            if tracts.iter().any(|t| m.blocked(*t)) {
+                return false;
+            }
+            let now = self.env.now();
+            for t in tracts {
+                m.enter(*t, now);
+            }
+            true
+        };
+        // The usual case takes one lock and registers no waiter.
+        if !try_enter() {
+            loop {
+                let notified = self.changed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if try_enter() {
                     break;
                 }
+                notified.await;
             }
-            notified.await;
         }
         let guard = IntentGuard { log: self.clone(), tracts: tracts.to_vec(), finished: false };
         if self.planted == PlantedBug::WriteBeforeIntent {
@@ -675,7 +683,11 @@ impl IntentLog {
             m.suspects()
         };
         self.suspects.store(suspects, Ordering::Release);
-        self.changed.notify_waiters();
+        // Only a reconciliation waits for writes to leave (and only of a
+        // suspect tract): without suspects nobody is waiting.
+        if suspects > 0 {
+            self.changed.notify_waiters();
+        }
     }
 
     /// Before a read of `tracts`: reconciles those a failed write left
