@@ -192,7 +192,7 @@ pub struct TractService {
     /// writes learns from a changed boot id that they may be gone.
     pub boot: u64,
     /// The newest writer epoch seen per blob (`crate::fence`).
-    pub fences: crate::fence::Fences,
+    pub(crate) fences: crate::fence::Fences,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
