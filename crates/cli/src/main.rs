@@ -89,6 +89,10 @@ enum Cmd {
         /// status, and exit.
         #[arg(long)]
         check: bool,
+        /// Test hook: open volumes with this bug planted (see `crashcheck
+        /// --plant`), so a real-process test can show its check fails.
+        #[arg(long, hide = true, default_value = "none", value_parser = planted)]
+        plant: PlantedBug,
     },
     /// Serve the volumes of a cluster over NBD (QEMU, nbdinfo, nbdcopy,
     /// nbdfuse, fio's nbd engine), each as an export of its own name.
@@ -104,6 +108,10 @@ enum Cmd {
         /// The export a client gets when it asks for the default (empty) name.
         #[arg(long)]
         default_export: Option<String>,
+        /// Test hook: open volumes with this bug planted (see `crashcheck
+        /// --plant`), so a real-process test can show its check fails.
+        #[arg(long, hide = true, default_value = "none", value_parser = planted)]
+        plant: PlantedBug,
     },
     /// Run a metadata server.
     Meta {
@@ -301,8 +309,13 @@ fn policy(s: &str) -> Result<FlushPolicy, String> {
 }
 
 fn planted(s: &str) -> Result<PlantedBug, String> {
-    PlantedBug::parse(s)
-        .ok_or_else(|| format!("{s:?}: use none, ack-durable-flush-early or issue-across-epochs"))
+    PlantedBug::parse(s).ok_or_else(|| {
+        format!(
+            "{s:?}: use none, ack-durable-flush-early, issue-across-epochs, skip-read-crc, \
+             map-out-of-order, roll-past-hole, reuse-without-seq, skip-cache-sync, skip-reconcile \
+             or write-before-intent"
+        )
+    })
 }
 
 fn init_logging() {
@@ -375,6 +388,7 @@ async fn run(cli: Cli) -> Result<()> {
             disk_size,
             meta_listen,
             check,
+            plant,
         } => {
             let mut cfg = ClusterConfig::new(&data);
             cfg.tractservers = tractservers;
@@ -392,7 +406,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("starting the embedded cluster in {}", data.display()))?;
             let client = cluster.client().await?;
             self_check(&client).await.context("self-check of the blob store failed")?;
-            let vol = match manage::open(env.clone(), &client, &volume).await {
+            let vol = match manage::open_with(env.clone(), &client, &volume, plant).await {
                 Ok(v) => v,
                 Err(blizzard_volume::VolumeError::NotFound(_)) => {
                     let mut spec = VolumeSpec::new(volume.clone(), size);
@@ -417,7 +431,7 @@ async fn run(cli: Cli) -> Result<()> {
             let sb = vol.superblock().clone();
             // The NBD server opens it again, once, for all its connections.
             vol.close().await?;
-            let exports = blizzard_nbd::ClientExports::new(env.clone(), client.clone());
+            let exports = blizzard_nbd::ClientExports::with_planted(env.clone(), client.clone(), plant);
             let nbd_cfg =
                 blizzard_nbd::NbdConfig { default_export: Some(volume.clone()), ..Default::default() };
             let server =
@@ -450,13 +464,13 @@ async fn run(cli: Cli) -> Result<()> {
             cluster.stop().await;
             flushed.context("flushing volumes at shutdown")?;
         }
-        Cmd::Nbd { meta, listen, socket, default_export } => {
+        Cmd::Nbd { meta, listen, socket, default_export, plant } => {
             let client = connect(&env, &meta).await?;
             let listen = match socket {
                 Some(p) => format!("unix:{}", p.display()),
                 None => listen,
             };
-            let exports = blizzard_nbd::ClientExports::new(env.clone(), client);
+            let exports = blizzard_nbd::ClientExports::with_planted(env.clone(), client, plant);
             let cfg =
                 blizzard_nbd::NbdConfig { default_export: default_export.clone(), ..Default::default() };
             let server = blizzard_nbd::Server::start(env, exports, &listen, cfg)

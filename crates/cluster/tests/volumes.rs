@@ -210,3 +210,40 @@ async fn allocation_reports_holes() -> R {
     c.stop().await;
     Ok(())
 }
+
+/// One writer per volume at the data path: opening a volume claims it, and
+/// the tractservers refuse the earlier opener's writes from then on (its
+/// errors say it was fenced); the new writer carries on, and a volume
+/// deleted and created again under the same name starts unfenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_opener_fences_the_first() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir).await;
+    let env = Env::real();
+    let client = c.client().await?;
+    for mode in [CommitMode::WriteThrough, CommitMode::FastAck, CommitMode::Log] {
+        let name = format!("fenced-{}", mode.name());
+        let first = manage::create(env.clone(), &client, &spec(&name, mode, FlushPolicy::Durable)).await?;
+        first.write(0, Bytes::from(vec![1u8; 4096]), true).await?;
+        let second = manage::open(env.clone(), &client, &name).await?;
+        assert!(second.recovery().writer > first.recovery().writer);
+        // FUA: durable before it returns, so it must reach the blob store.
+        let refused = first.write(8192, Bytes::from(vec![2u8; 4096]), true).await;
+        assert!(refused.as_ref().is_err_and(VolumeError::is_fenced), "{mode:?}: {refused:?}");
+        let flushed = first.flush().await;
+        if mode != CommitMode::WriteThrough {
+            assert!(flushed.as_ref().is_err_and(VolumeError::is_fenced), "{mode:?}: {flushed:?}");
+        }
+        second.write(8192, Bytes::from(vec![3u8; 4096]), true).await?;
+        assert_eq!(&second.read(0, 4096).await?[..], &[1u8; 4096][..]);
+        assert_eq!(&second.read(8192, 4096).await?[..], &[3u8; 4096][..]);
+        drop(first);
+        second.close().await?;
+        manage::delete(&client, &name).await?;
+        let again = manage::create(env.clone(), &client, &spec(&name, mode, FlushPolicy::Durable)).await?;
+        again.write(8192, Bytes::from(vec![4u8; 4096]), true).await?;
+        again.close().await?;
+    }
+    c.stop().await;
+    Ok(())
+}

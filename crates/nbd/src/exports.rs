@@ -17,7 +17,7 @@ use tokio::sync::OnceCell;
 
 use blizzard_client::Client;
 use blizzard_env::Env;
-use blizzard_volume::{manage, Volume, VolumeError};
+use blizzard_volume::{manage, PlantedBug, Volume, VolumeError};
 
 /// The set of exports: names, and how to open one.
 pub trait Exports: Send + Sync + 'static {
@@ -32,11 +32,21 @@ pub trait Exports: Send + Sync + 'static {
 pub struct ClientExports {
     env: Env,
     client: Client,
+    planted: PlantedBug,
 }
 
 impl ClientExports {
     pub fn new(env: Env, client: Client) -> Arc<ClientExports> {
-        Arc::new(ClientExports { env, client })
+        Self::with_planted(env, client, PlantedBug::None)
+    }
+
+    /// A test hook, like `blizzard crashcheck --plant`: every volume is
+    /// opened with `planted` (`manage::open_with`), so a real-process test
+    /// can show its checker catches the bug (`blizzard up --plant`,
+    /// `blizzard nbd --plant`, hidden flags). Never for serving data.
+    #[doc(hidden)]
+    pub fn with_planted(env: Env, client: Client, planted: PlantedBug) -> Arc<ClientExports> {
+        Arc::new(ClientExports { env, client, planted })
     }
 }
 
@@ -46,7 +56,7 @@ impl Exports for ClientExports {
     }
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
-        manage::open(self.env.clone(), &self.client, name).boxed()
+        manage::open_with(self.env.clone(), &self.client, name, self.planted).boxed()
     }
 }
 

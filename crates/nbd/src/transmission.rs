@@ -142,6 +142,7 @@ fn errno_for(cmd: &Command, e: &VolumeError) -> u32 {
         VolumeError::Io(IoError::Client(ClientError::DiskFull { .. })) => NBD_ENOSPC,
         VolumeError::Io(_)
         | VolumeError::Reconcile { .. }
+        | VolumeError::Fenced { .. }
         | VolumeError::Superblock(_)
         | VolumeError::NotFound(_)
         | VolumeError::Exists(_) => NBD_EIO,

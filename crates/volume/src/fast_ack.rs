@@ -133,6 +133,9 @@ struct State {
     writing: u64,
     /// Writes issued so far in `issue_epoch`.
     issued_in_epoch: u64,
+    /// Another process claimed the volume (its writer epoch): nothing
+    /// this instance writes lands any more (`intent::claim`).
+    claimed_by: Option<u64>,
 }
 
 pub struct FastAck {
@@ -221,6 +224,9 @@ impl FastAck {
             notified.as_mut().enable();
             let wait = {
                 let st = self.lock();
+                if let Some(newest) = st.claimed_by {
+                    return Err(VolumeError::Fenced { newest });
+                }
                 let now = self.env.now();
                 let age_max = Duration::from_millis(self.limits.age_ms_max as u64);
                 let too_old = Self::oldest(&st).filter(|t| now.duration_since(*t) >= age_max);
@@ -281,11 +287,26 @@ impl FastAck {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.lock().issue_epoch > closed {
-                return Ok(());
+            {
+                let st = self.lock();
+                if st.issue_epoch > closed {
+                    return Ok(());
+                }
+                if let Some(newest) = st.claimed_by {
+                    return Err(VolumeError::Fenced { newest });
+                }
             }
             notified.await;
         }
+    }
+
+    /// A write was refused because another process claimed the volume:
+    /// nothing more will land, so writers and flushers waiting on this
+    /// instance fail instead of waiting forever.
+    fn claimed(&self, newest: u64) {
+        self.lock().claimed_by.get_or_insert(newest);
+        self.changed.notify_waiters();
+        self.room.notify_waiters();
     }
 
     /// Reads through the write cache.
@@ -412,7 +433,10 @@ impl FastAck {
         for op in ops {
             let me = self.clone();
             tokio::spawn(async move {
-                me.hold_intent(&op).await;
+                if let Err(newest) = me.hold_intent(&op).await {
+                    me.claimed(newest);
+                    return;
+                }
                 let receipt = loop {
                     let r = if op.durable {
                         extent_io::write(&me.io, &me.striping, op.offset, &op.data)
@@ -424,6 +448,11 @@ impl FastAck {
                     match r {
                         Ok(r) => break r,
                         Err(e) => {
+                            if let Some(newest) = e.fenced_by() {
+                                // Never lands: it stays in flight.
+                                me.claimed(newest);
+                                return;
+                            }
                             tracing::warn!(offset = op.offset, error = %e, "acknowledged write failed; retrying");
                             me.env.sleep(RETRY_PAUSE).await;
                         }
@@ -444,17 +473,21 @@ impl FastAck {
     /// its flight until it is durable (a write issued again after a failed
     /// sync still holds them). Retried like the write itself: it was
     /// acknowledged.
-    async fn hold_intent(&self, op: &Op) {
-        let Some(intent) = &self.intent else { return };
+    /// `Err(newest)`: another process claimed the volume.
+    async fn hold_intent(&self, op: &Op) -> Result<(), u64> {
+        let Some(intent) = &self.intent else { return Ok(()) };
         let held = self.lock().inflight.get(&op.seq).is_none_or(|f| f.intent.is_some());
         if held {
-            return;
+            return Ok(());
         }
         let tracts = self.striping.tracts(op.offset, op.data.len());
         let guard = loop {
             match intent.enter(&tracts).await {
                 Ok(g) => break g,
                 Err(e) => {
+                    if let Some(newest) = e.fenced_by() {
+                        return Err(newest);
+                    }
                     tracing::warn!(offset = op.offset, error = %e, "cannot set the write's intent bits; retrying");
                     self.env.sleep(RETRY_PAUSE).await;
                 }
@@ -463,6 +496,7 @@ impl FastAck {
         if let Some(f) = self.lock().inflight.get_mut(&op.seq) {
             f.intent = Some(guard);
         }
+        Ok(())
     }
 
     /// A cached write reached every replica: it waits for a sync.

@@ -755,15 +755,23 @@ impl IntentLog {
             loop {
                 env.sleep(CLEAR_TICK).await;
                 let Some(me) = weak.upgrade() else { return };
-                if let Err(e) = me.clear_idle().await {
+                let mut r = me.clear_idle().await;
+                if let Err(e) = &r {
                     tracing::warn!(error = %e, "could not clear idle intent bits; will retry");
                 }
                 let suspects = me.lock().suspect_tracts();
                 for t in suspects {
                     if let Err(e) = me.reconcile_suspect(t).await {
                         tracing::warn!(tract = t, error = %e, "tract left suspect by a failed write is not reconciled yet; will retry");
+                        r = Err(e);
                         break;
                     }
+                }
+                if r.as_ref().is_err_and(VolumeError::is_fenced) {
+                    // Another process opened the volume: it reconciles
+                    // what this one left marked. Nothing more to do here.
+                    tracing::error!("the volume was opened by another process, which fenced this one: its writes are refused from now on; stop using the volume here");
+                    return;
                 }
             }
         });

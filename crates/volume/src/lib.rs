@@ -99,6 +99,8 @@ pub enum VolumeError {
     Unsupported(String),
     #[error("could not make the replicas of tract {tract} agree after an unclean close: {source}; every replica must be reachable (bring its tractserver back, or wait until it is replaced), then open the volume again")]
     Reconcile { tract: u64, source: IoError },
+    #[error("another process opened this volume for writing (writer epoch {newest}) and the blob store now refuses this one's writes; writes acknowledged here but not yet durable are lost to it: stop using the volume here")]
+    Fenced { newest: u64 },
 }
 
 impl VolumeError {
@@ -106,6 +108,22 @@ impl VolumeError {
     /// [`IoError::is_corrupt`]).
     pub fn is_corrupt(&self) -> bool {
         matches!(self, VolumeError::Io(e) if e.is_corrupt())
+    }
+
+    /// Whether another process has claimed the volume since this one
+    /// opened it (the blob store refused a change from this writer).
+    pub fn is_fenced(&self) -> bool {
+        self.fenced_by().is_some()
+    }
+
+    /// The writer epoch of the process that fenced this one, if that is
+    /// what this error is.
+    pub fn fenced_by(&self) -> Option<u64> {
+        match self {
+            VolumeError::Fenced { newest } => Some(*newest),
+            VolumeError::Io(e) | VolumeError::Reconcile { source: e, .. } => e.fenced_by(),
+            _ => None,
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! The harness shared by the real-process fault tests (`fault_recovery`,
-//! `partition`): `blizzard` child processes with log files, a continuous
-//! verified load with a model of every acknowledged byte, and the checks
-//! run after a fault (recovery in the status, progress, every replica of
-//! every tract equal to the model).
+//! `partition`, `replica_agreement`): `blizzard` child processes (and
+//! third-party tools) with log files, a continuous verified load with a
+//! model of every acknowledged byte, and the checks run after a fault
+//! (recovery in the status, progress, every replica of every tract equal
+//! to the model).
 //!
 //! Each test includes it with `mod common;` and uses part of it.
 #![allow(dead_code)]
@@ -88,6 +89,27 @@ impl Proc {
         }
     }
 
+    /// Waits until the log holds `needle` and returns the log; fails the
+    /// test (with the log's tail) if the process exits first or `timeout`
+    /// passes.
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.log_text();
+            if text.contains(needle) {
+                return text;
+            }
+            self.check_running();
+            assert!(
+                start.elapsed() < timeout,
+                "{}: no {needle:?} in its log after {timeout:?}; its log:\n{}",
+                self.name,
+                self.tail()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Fails the test if a process that should be running has exited: a
     /// crash of a survivor must not pass for a recovery problem.
     pub fn check_running(&mut self) {
@@ -167,6 +189,19 @@ impl Drop for Procs {
                 eprintln!("{}", p.tail());
             }
         }
+    }
+}
+
+/// Where the third-party program `tool` is installed; fails the test,
+/// naming its Debian `package`, if it is not (`scripts/test` installs it):
+/// a missing tool must not pass for a skipped test.
+pub fn tool(tool: &str, package: &str) -> String {
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    dirs.extend(["/usr/local/bin", "/usr/bin", "/bin"].map(PathBuf::from));
+    match dirs.into_iter().map(|d| d.join(tool)).find(|p| p.is_file()) {
+        Some(p) => p.display().to_string(),
+        None => panic!("`{tool}` is missing: install the Debian package {package} (scripts/test does)"),
     }
 }
 

@@ -199,6 +199,9 @@ struct State {
     /// some replicas, so this incarnation must not write under either
     /// geometry; reopening settles the superblock and picks one.
     fenced: Option<String>,
+    /// Another process claimed the volume (its writer epoch): every
+    /// change of this incarnation is refused (`intent::claim`).
+    claimed_by: Option<u64>,
 }
 
 pub struct LogEngine {
@@ -289,6 +292,7 @@ impl LogEngine {
             free_gen: 0,
             out_bytes: 0,
             fenced: None,
+            claimed_by: None,
         };
         let rolled = roll_forward(&io, &mut st, planted).await?;
         tracing::debug!(checkpoint = ckpt.seq, rolled, next_lsn = st.next_lsn, "log volume recovered");
@@ -324,12 +328,23 @@ impl LogEngine {
     }
 
     fn fenced(st: &State) -> Result<(), VolumeError> {
+        if let Some(newest) = st.claimed_by {
+            return Err(VolumeError::Fenced { newest });
+        }
         match &st.fenced {
             None => Ok(()),
             Some(why) => Err(VolumeError::Unsupported(format!(
                 "{why}; reopen the volume (recovery settles the superblock)"
             ))),
         }
+    }
+
+    /// A write or checkpoint was refused because another process claimed
+    /// the volume: nothing this incarnation writes can land any more, so
+    /// everything waiting on the log fails instead of waiting forever.
+    fn claimed(&self, newest: u64) {
+        self.lock().claimed_by.get_or_insert(newest);
+        self.changed.notify_waiters();
     }
 
     /// Undurable writes and bytes.
@@ -350,7 +365,7 @@ impl LogEngine {
         (st.window.len() as u64, st.out_bytes)
     }
 
-    async fn admit(&self, blocks: u64) {
+    async fn admit(&self, blocks: u64) -> Result<(), VolumeError> {
         let bytes = blocks * self.bs();
         loop {
             let notified = self.changed.notified();
@@ -358,6 +373,7 @@ impl LogEngine {
             notified.as_mut().enable();
             let wait = {
                 let st = self.lock();
+                Self::fenced(&st)?;
                 let now = self.env.now();
                 let age_max = Duration::from_millis(self.limits.age_ms_max as u64);
                 // LSNs are assigned in acknowledgment order: the first is the oldest.
@@ -369,7 +385,7 @@ impl LogEngine {
                         || n + blocks > self.limits.writes_max as u64
                         || too_old);
                 if !busy && !st.quiescing {
-                    return;
+                    return Ok(());
                 }
                 oldest
                     .map(|t| age_max.saturating_sub(now.duration_since(t)))
@@ -398,7 +414,7 @@ impl LogEngine {
         let end = offset + data.len();
         let first = offset / bs;
         let last = (end - 1) / bs;
-        self.admit(last - first + 1).await;
+        self.admit(last - first + 1).await?;
         for v in first..=last {
             let (bs_start, bs_end) = (v * bs, (v + 1) * bs);
             let (a, b) = (offset.max(bs_start), end.min(bs_end));
@@ -483,6 +499,11 @@ impl LogEngine {
                     match me.io.write(tract, at, expanded.clone()).await {
                         Ok(()) => break,
                         Err(e) => {
+                            if let Some(newest) = e.fenced_by() {
+                                // Never lands: the record stays unapplied.
+                                me.claimed(newest);
+                                return;
+                            }
                             tracing::warn!(lsn, error = %e, "log write failed; retrying");
                             me.env.sleep(RETRY_PAUSE).await;
                         }
@@ -564,8 +585,12 @@ impl LogEngine {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.lock().applied_lsn >= target {
-                return Ok(());
+            {
+                let st = self.lock();
+                if st.applied_lsn >= target {
+                    return Ok(());
+                }
+                Self::fenced(&st)?;
             }
             notified.await;
         }
@@ -645,19 +670,28 @@ impl LogEngine {
     /// Quiesce: new writes wait; the log drains to a point where every
     /// assigned record is applied. The caller holds `ckpt_lock` and clears
     /// `quiescing` when done.
-    async fn drain(&self) {
+    async fn drain(&self) -> Result<(), VolumeError> {
         self.lock().quiescing = true;
         if self.planted != PlantedBug::AdvanceMapOutOfOrder {
             loop {
                 let notified = self.changed.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if self.lock().window.is_empty() {
-                    break;
+                {
+                    let st = self.lock();
+                    if st.window.is_empty() {
+                        break;
+                    }
+                    if let Err(e) = Self::fenced(&st) {
+                        drop(st);
+                        self.lock().quiescing = false;
+                        return Err(e);
+                    }
                 }
                 notified.await;
             }
         }
+        Ok(())
     }
 
     async fn checkpoint_inner(self: &Arc<Self>) -> Result<(), VolumeError> {
@@ -665,7 +699,7 @@ impl LogEngine {
         // A fenced incarnation must not write under a geometry the
         // superblock may no longer name.
         Self::fenced(&self.lock())?;
-        self.drain().await;
+        self.drain().await?;
         let (c, geom) = {
             let st = self.lock();
             let c = Checkpoint {
@@ -681,6 +715,11 @@ impl LogEngine {
             match write_checkpoint(&self.io, &geom, &c).await {
                 Ok(()) => break Ok(()),
                 Err(e) => {
+                    if let Some(newest) = e.fenced_by() {
+                        self.lock().quiescing = false;
+                        self.claimed(newest);
+                        return Err(VolumeError::Fenced { newest });
+                    }
                     tracing::warn!(error = %e, "checkpoint write failed; retrying");
                     self.env.sleep(RETRY_PAUSE).await;
                 }
@@ -730,7 +769,7 @@ impl LogEngine {
     {
         let _one = self.ckpt_lock.lock().await;
         Self::fenced(&self.lock())?;
-        self.drain().await;
+        self.drain().await?;
         let c = {
             let st = self.lock();
             let mut map = st.map.clone();
