@@ -22,6 +22,7 @@
 #   ROUNDS=3 RUNTIME=5                            rows per binary, seconds per row
 #   MODES="write-through fast-ack"                modes of part 1
 #   CRASH_AFTER=3                                 seconds of writing before the kill
+#   CRASH_RUNS=3                                  crashes per mode and size
 #   PARTS="1 2"                                   which parts to run
 # Needs fio with the nbd engine; run as root with the machine otherwise idle.
 set -euo pipefail
@@ -32,6 +33,7 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
 MODES=${MODES:-write-through fast-ack}
 CRASH_AFTER=${CRASH_AFTER:-3}
+CRASH_RUNS=${CRASH_RUNS:-3}
 PARTS=${PARTS:-1 2}
 # Each tractserver's disk: a 1 GiB volume at 3-way is 3 GiB over 4 disks.
 DISK_ARGS="--disk-size 1536MiB"
@@ -75,6 +77,9 @@ if [[ " $PARTS " == *" 2 "* ]]; then
     PID=
     trap '[ -n "$PID" ] && kill -9 $PID 2>/dev/null; rm -rf "$DIR" "$LOG"' EXIT
     start() {
+        # Emptied here: the child's own redirection truncates it only once
+        # it runs, after the readiness check below may have read the old one.
+        : > "$LOG"
         "$AFTER" up --data "$DIR" --listen "127.0.0.1:$PORT" --meta-listen "127.0.0.1:$((PORT + 1))" \
             --tractservers 4 --replication 3 --mode "$1" --size "$2" $DISK_ARGS > "$LOG" 2>&1 &
         PID=$!
@@ -87,6 +92,7 @@ if [[ " $PARTS " == *" 2 "* ]]; then
     }
     for mode in write-through fast-ack; do
         for size in 1GiB 64GiB; do
+          for _ in $(seq "$CRASH_RUNS"); do
             rm -rf "$DIR"
             start "$mode" "$size"
             until [ "$(grep -c 'zero-fill done' "$LOG")" -ge "$(grep -c 'zero-filling the disk' "$LOG")" ]; do sleep 0.5; done
@@ -102,7 +108,7 @@ if [[ " $PARTS " == *" 2 "* ]]; then
             t0=$(date +%s.%N)
             start "$mode" "$size"
             t1=$(date +%s.%N)
-            line=$(grep 'replicas reconciled' "$LOG" | tail -1 || true)
+            line=$(sed 's/\x1b\[[0-9;]*m//g' "$LOG" | grep 'replicas reconciled' | tail -1 || true)
             python3 - "$mode" "$size" "$t0" "$t1" "$line" <<'EOF'
 import re, sys
 mode, size, t0, t1, line = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
@@ -114,6 +120,7 @@ EOF
             kill -TERM $PID
             wait $PID 2>/dev/null || true
             PID=
+          done
         done
     done
 fi

@@ -594,31 +594,36 @@ impl IntentLog {
     /// Holds the bits of `tracts` for a write: returns once each is set on
     /// every replica (rule 1). Waits while one of them is reconciled.
     pub async fn enter(self: &Arc<Self>, tracts: &[u64]) -> Result<IntentGuard, VolumeError> {
-        // Counts the write in unless one of its tracts is being reconciled.
+        // Counts the write in unless one of its tracts is being reconciled;
+        // `Some(true)` when every bit is durable already (the usual case:
+        // one lock, no waiter registered, no page write).
         let try_enter = || {
             let mut m = self.lock();
             if tracts.iter().any(|t| m.blocked(*t)) {
-                return false;
+                return None;
             }
             let now = self.env.now();
             for t in tracts {
                 m.enter(*t, now);
             }
-            true
+            Some(tracts.iter().all(|t| m.durable(*t)))
         };
-        // The usual case takes one lock and registers no waiter.
-        if !try_enter() {
-            loop {
+        let durable = match try_enter() {
+            Some(d) => d,
+            None => loop {
                 let notified = self.changed.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if try_enter() {
-                    break;
+                if let Some(d) = try_enter() {
+                    break d;
                 }
                 notified.await;
-            }
-        }
+            },
+        };
         let guard = IntentGuard { log: self.clone(), tracts: tracts.to_vec(), finished: false };
+        if durable {
+            return Ok(guard);
+        }
         if self.planted == PlantedBug::WriteBeforeIntent {
             // Planted: the bits are set in the background, the write goes out now.
             let me = self.clone();
