@@ -247,3 +247,64 @@ async fn a_second_opener_fences_the_first() -> R {
     c.stop().await;
     Ok(())
 }
+
+/// A tractserver that was down comes back holding a replica the others
+/// moved past: a write it missed failed (the client gave up), so the
+/// volume left the tract suspect, and the next read makes the replicas
+/// agree first. Done once with the stale server as the row's first member
+/// (the source: the failed write is undone everywhere) and once as another
+/// member (the write is copied to it); either way every replica then holds
+/// the same bytes, and reads stay the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_tractserver_is_reconciled_before_a_read() -> R {
+    use blizzard_client::{Client, ClientConfig};
+    for column in [0usize, 1] {
+        let dir = tempfile::tempdir()?;
+        let mut cfg = ClusterConfig::new(dir.path());
+        cfg.tractservers = 4;
+        cfg.replication = 3;
+        cfg.tract_size = 64 << 10;
+        cfg.disk_size = 64 << 20;
+        // Long enough (10 heartbeats) that the stopped server is not
+        // replaced before it is back.
+        cfg.heartbeat_interval = Duration::from_millis(500);
+        let env = Env::real();
+        let mut c = Cluster::start(env.clone(), cfg).await?;
+        // A client that gives up after a few quick attempts.
+        let mut cc = ClientConfig::new(c.meta_addr.clone());
+        cc.attempts = 3;
+        cc.request_timeout = Duration::from_secs(1);
+        let client = Client::connect(env.clone(), cc).await?;
+        let mut s = spec(&format!("back-{column}"), CommitMode::WriteThrough, FlushPolicy::Durable);
+        s.replication = 3;
+        let vol = manage::create(env.clone(), &client, &s).await?;
+        vol.write(0, Bytes::from(vec![1u8; 4096]), false).await?;
+        // Byte 0 is in tract 1; stop the member of its row in `column`.
+        let blob = client.open_blob(manage::blob_id(&s.name)).await?;
+        let tlt = client.tlt();
+        let row = &tlt.rows[tlt.locate(blob.id(), blizzard_core::TractNo(1))];
+        let addr = tlt.members[row.members[column] as usize].addr.clone();
+        let i = (0..c.tractserver_count())
+            .find(|&i| c.tractserver(i).is_some_and(|t| t.addr == addr))
+            .ok_or("the row's member is not one of the cluster's tractservers")?;
+        c.stop_tractserver(i).await;
+        let failed = vol.write(0, Bytes::from(vec![2u8; 4096]), false).await;
+        assert!(failed.is_err(), "column {column}: a write with a replica down must fail here");
+        assert!(vol.intent().is_some_and(|i| i.has_suspects()));
+        c.start_tractserver(i).await?;
+        c.wait_ready(Duration::from_secs(30)).await?;
+        let first = vol.read(0, 4096).await?;
+        assert!(first[..] == [1u8; 4096][..] || first[..] == [2u8; 4096][..]);
+        let replicas = blob.read_replicas(1, 0, 4096).await?;
+        assert_eq!(replicas.len(), 3);
+        assert!(replicas.iter().all(|r| *r == first), "column {column}: replicas differ after the read");
+        for _ in 0..8 {
+            assert_eq!(vol.read(0, 4096).await?, first, "column {column}: a read changed with no write");
+        }
+        let want = if column == 0 { 1u8 } else { 2u8 };
+        assert_eq!(first[0], want, "column {column}: the row's first member is the source");
+        drop(vol);
+        c.stop().await;
+    }
+    Ok(())
+}
