@@ -1,18 +1,27 @@
 //! A whole blob-store cluster in one seeded process: a metadata server, N
-//! tractservers on simulated disks, and clients running a verified
-//! workload, with tractserver crashes (losing, keeping or tearing unsynced
-//! writes) and metadata-server restarts drawn from the seed.
+//! tractservers on simulated disks, blob clients running a verified
+//! workload, and volume clients running a replicated volume
+//! (`volume_client`), with tractserver crashes (losing, keeping or tearing
+//! unsynced writes), metadata-server restarts and volume-client crashes
+//! drawn from the seed.
 //!
-//! The checker is the acknowledged-write oracle: each client keeps a model
-//! of every byte it was told is durable, and every read — during the run
-//! and after it — must match it exactly. A write that fails is retried
-//! until acknowledged, so the model is always exact.
+//! Two checkers. The blob clients' is the acknowledged-write oracle: each
+//! keeps a model of every byte it was told is durable, and every read —
+//! during the run and after it — must match it exactly (a write that fails
+//! is retried until acknowledged, so the model is always exact). The
+//! volume clients' runs after every recovery: every replica of every tract
+//! of the volume's blob holds the same bytes, and the volume holds what its
+//! commit mode allows given the operations logged and acknowledged before
+//! the crash (`blizzard_crashcheck::checker`).
 //!
 //! Two phases: a safety phase (faults on; every read checked), then a
-//! liveness phase once a client has finished its workload: faults stop,
-//! every host is restarted, and each client waits until the cluster
-//! reports every row fully replicated (dead tractservers' rows copied to
-//! others, FDS §3.2), then checks every replica of every tract it wrote.
+//! liveness phase once a blob client has finished its workload: faults
+//! stop, every host is restarted, and each blob client waits until the
+//! cluster reports every row fully replicated (dead tractservers' rows
+//! copied to others, FDS §3.2), then checks every replica of every tract it
+//! wrote; each volume client opens its volume once more (recovery), checks
+//! it, closes it cleanly and checks that the next open has nothing to
+//! reconcile. The simulation ends when both kinds are done.
 //!
 //! Fault model exercised here (turmoil's TCP delivers a stream's bytes once
 //! and in order, as TCP does; duplicates come from `ghost`):
@@ -38,7 +47,22 @@
 //! - late duplicates (`ghost`): a request on a client connection that was
 //!   dropped (after a timeout, a partition or a crash) is delivered again
 //!   50 ms–3 s later on a new connection, with its old `Hello`, as TCP can
-//!   deliver a dead connection's bytes late.
+//!   deliver a dead connection's bytes late;
+//! - volume-client crash (`crash_volume_clients`): the host's software
+//!   stops at once, mostly while writes are cut off by it (issued and not
+//!   completed, or acknowledged by a fast-ack volume and not durable),
+//!   sometimes in an open, a recovery or a check; after 50 ms–1 s it
+//!   restarts, and its next open must make the replicas agree (the
+//!   write-intent log, design 0005). Its event log (`volume_client`) lives
+//!   in harness memory, as a real client's would in a file;
+//! - a crashed writer's late requests (`ghost::deliver_late`): the last
+//!   change of some of the crashed volume client's connections reaches its
+//!   server 50 ms–3 s after the crash, from another host with the old
+//!   `Hello` (as bytes left in the network, a receive buffer or behind a
+//!   slow disk would), unless that server restarted meanwhile. The session
+//!   fence admits them (the dead client never reconnected); the writer
+//!   fence must refuse any that arrive after the next writer claimed the
+//!   volume (`PlantedBug::NoWriterFence` shows the checks catch it).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -54,7 +78,11 @@ use blizzard_client::{Client, ClientConfig};
 use blizzard_metaserver::server::{self as meta, MetaConfig};
 use blizzard_tractserver::{self as ts, TractServerConfig};
 
-use crate::{derive_seed, sim_env, sim_env_incarnation, sim_env_with_ghosts, Ghosts, SimDisks, Trace};
+use crate::ghost::deliver_late;
+use crate::volume_client::{self as vc, VolumeConfig, VolumeShared};
+use crate::{
+    derive_seed, sim_env, sim_env_incarnation, sim_env_with_ghosts, Ghosts, SimDisks, SimNet, Trace,
+};
 
 #[derive(Clone, Debug)]
 pub struct BlobSimConfig {
@@ -84,6 +112,17 @@ pub struct BlobSimConfig {
     pub full_disks: bool,
     /// A bug planted in every tractserver, to show the oracle catches it.
     pub planted_bug: blizzard_tractserver::PlantedBug,
+    /// Hosts running a replicated volume (`volume_client`), crashed
+    /// mid-write and restarted.
+    pub volume_clients: usize,
+    /// Operations each volume client issues at most, over all its lives.
+    pub volume_ops: usize,
+    /// Crash and restart volume clients while faults are on.
+    pub crash_volume_clients: bool,
+    /// When a volume client is crashed, the last change of one in this
+    /// many of its connections that carried one arrives at its server
+    /// late, 50 ms–3 s on (`ghost::deliver_late`; 0: never).
+    pub late_requests: u32,
 }
 
 impl Default for BlobSimConfig {
@@ -103,6 +142,10 @@ impl Default for BlobSimConfig {
             bit_flips: true,
             full_disks: true,
             planted_bug: blizzard_tractserver::PlantedBug::None,
+            volume_clients: 1,
+            volume_ops: 400,
+            crash_volume_clients: true,
+            late_requests: 2,
         }
     }
 }
@@ -129,10 +172,28 @@ pub struct BlobSimReport {
     /// refused meanwhile.
     pub full_disks: u32,
     pub full_disk_writes: u64,
+    /// Volume clients crashed, and of those crashes the ones that cut off
+    /// writes (issued and not completed, or acknowledged and not durable).
+    pub volume_crashes: u32,
+    pub volume_crashes_in_flight: u32,
+    /// Late requests of crashed volume clients delivered to their servers,
+    /// and of those the ones refused by the writer fence.
+    pub late_deliveries: u64,
+    pub late_fenced: u64,
+    /// Tracts the volumes' recoveries reconciled, and the chunks they found
+    /// different and repaired.
+    pub tracts_reconciled: u64,
+    pub chunk_repairs: u64,
+    /// Volume-wide replica-agreement checks passed (one per recovery
+    /// checked), and volume writes and trims acknowledged.
+    pub replica_checks: u64,
+    pub volume_ops: u64,
     pub simulated: Duration,
 }
 
 const META_ADDR: &str = "meta:7700";
+/// How long faults last at most when there are no blob clients.
+const FAULTS_WITHOUT_CLIENTS_MAX: Duration = Duration::from_secs(600);
 const TS_DISK: u64 = 16 << 20;
 
 fn ts_host(i: usize) -> String {
@@ -238,8 +299,104 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         });
     }
 
+    // Volume clients, the host that delivers their late requests, and a
+    // client that waits for their final checks (the simulation ends when
+    // every client is done; hosts do not count).
+    let volumes: Vec<VolumeShared> = (0..cfg.volume_clients)
+        .map(|c| {
+            let mut r = SmallRng::seed_from_u64(derive_seed(seed, &format!("vol{c}/workload")));
+            let mode = if r.random_bool(0.5) {
+                blizzard_volume::CommitMode::WriteThrough
+            } else {
+                blizzard_volume::CommitMode::FastAck
+            };
+            let vcfg = VolumeConfig {
+                name: format!("vol{c}"),
+                meta: META_ADDR.to_string(),
+                replication: cfg.replication,
+                mode,
+                depth: r.random_range(2..=6),
+                ops_max: cfg.volume_ops,
+                ends_faults: cfg.clients == 0,
+            };
+            VolumeShared::new(vcfg, r)
+        })
+        .collect();
+    for (c, shared) in volumes.iter().enumerate() {
+        let host = format!("vol{c}");
+        let ghosts = ghosts.with_one_in(if cfg.duplicates > 0 { cfg.duplicates } else { 0 });
+        let (shared, trace, faults_over) = (shared.clone(), trace.clone(), probe.faults_over.clone());
+        sim.host(host.clone(), move || {
+            let life = shared.stats().lives;
+            let mut env = sim_env_incarnation(seed, &host, life, SimDisks::new(0));
+            env.net = Arc::new(SimNet::with_ghosts(&host, ghosts.clone()));
+            let l = vc::Life {
+                env,
+                host: host.clone(),
+                shared: shared.clone(),
+                faults_over: faults_over.clone(),
+                trace: trace.clone(),
+            };
+            async move { l.run().await.map_err(|e| -> Box<dyn std::error::Error> { e.to_string().into() }) }
+        });
+    }
+    // One more client, "late": it delivers crashed volume clients' late
+    // requests (`ghost::deliver_late`; a crashed host's own tasks are
+    // gone), and ends once every volume client finished its final checks
+    // (the simulation ends when every client has; hosts do not count).
+    let late = (cfg.volume_clients > 0).then(|| {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(crate::ghost::Orphan, Duration)>();
+        let env = sim_env(seed, "late", SimDisks::new(0));
+        let (ghosts, trace) = (ghosts.clone(), trace.clone());
+        let (volumes, faults_over) = (volumes.clone(), probe.faults_over.clone());
+        sim.client("late", async move {
+            let mut since: Option<blizzard_env::Instant> = None;
+            let mut open = true;
+            loop {
+                let job = tokio::select! {
+                    biased;
+                    job = rx.recv(), if open => {
+                        open = job.is_some();
+                        job
+                    }
+                    _ = env.sleep(Duration::from_millis(100)) => None,
+                };
+                if let Some((o, delay)) = job {
+                    let (env, ghosts, trace) = (env.clone(), ghosts.clone(), trace.clone());
+                    tokio::task::spawn_local(async move {
+                        let what = o.describe();
+                        let r = deliver_late(env, ghosts, o, delay).await;
+                        trace.event("late", format!("{what}: {r:?}"));
+                    });
+                    continue;
+                }
+                if volumes.iter().all(|v| v.done()) {
+                    return Ok(());
+                }
+                if faults_over.load(Ordering::Relaxed) {
+                    let t = *since.get_or_insert(env.now());
+                    if env.now().duration_since(t) > Duration::from_secs(900) {
+                        let states: Vec<&str> = volumes.iter().map(|v| v.phase()).collect();
+                        return Err(format!(
+                            "liveness: volume clients not done 900 s after faults stopped: {states:?}"
+                        )
+                        .into());
+                    }
+                }
+            }
+        });
+        tx
+    });
+
     // The chaos schedule, drawn from its own stream of the seed.
     let mut chaos = SmallRng::seed_from_u64(derive_seed(seed, "chaos"));
+    // Volume clients' crashes, their late requests and the power losses
+    // after their recoveries, from another stream: with no volume clients
+    // a seed runs exactly as it did before they existed.
+    let mut vchaos = SmallRng::seed_from_u64(derive_seed(seed, "volume-chaos"));
+    let mut vol_down: Vec<Option<u64>> = vec![None; cfg.volume_clients];
+    let mut vol_reconciled: Vec<u64> = vec![0; cfg.volume_clients];
+    let (mut vol_crashes, mut vol_crashes_in_flight) = (0u32, 0u32);
     let mut ts_down: Option<(usize, u64)> = None;
     let mut meta_down: Option<u64> = None;
     let mut full: Option<(usize, u64)> = None;
@@ -252,7 +409,10 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         .map_err(|e| format!("seed {seed}: disk layout: {e}"))?;
     let mut flips_due = cfg.bit_flips && cfg.replication >= 3;
     let hosts: Vec<String> = std::iter::once("meta".to_string()).chain((0..total).map(ts_host)).collect();
-    let clients: Vec<String> = (0..cfg.clients).map(|c| format!("client{c}")).collect();
+    let clients: Vec<String> = (0..cfg.clients)
+        .map(|c| format!("client{c}"))
+        .chain((0..cfg.volume_clients).map(|c| format!("vol{c}")))
+        .collect();
     let mut cuts: Vec<Cut> = Vec::new();
     let mut step: u64 = 0;
     loop {
@@ -266,6 +426,14 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         // Let the cluster form before the first fault.
         if now < Duration::from_secs(2) {
             continue;
+        }
+        // Without blob clients the volume clients end the faults when their
+        // workload is done; one stuck in a check must not keep them on
+        // until turmoil's limit: the liveness phase then reports it.
+        if cfg.clients == 0 && now > FAULTS_WITHOUT_CLIENTS_MAX && !probe.faults_over.load(Ordering::Relaxed)
+        {
+            probe.faults_over.store(true, Ordering::Relaxed);
+            trace.event_at(now, "chaos", "faults over (time limit)");
         }
         // Links whose time is up come back, each on its own schedule.
         let (due, rest): (Vec<Cut>, Vec<Cut>) =
@@ -317,7 +485,88 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 disks.get(disk_path(i).as_ref()).inspect(|d| d.set_full(false));
                 trace.event_at(now, "chaos", format!("disk of {} has space again (faults over)", ts_host(i)));
             }
+            for (c, down) in vol_down.iter_mut().enumerate() {
+                if down.take().is_some() {
+                    sim.bounce(format!("vol{c}"));
+                    trace.event_at(now, "chaos", format!("restart vol{c} (faults over)"));
+                }
+            }
             continue;
+        }
+        // A tractserver's power fails right after a volume's recovery
+        // reconciled tracts (one time in three): what recovery compared
+        // must survive it.
+        for (c, v) in volumes.iter().enumerate() {
+            let reconciled = v.stats().tracts_reconciled;
+            if reconciled == vol_reconciled[c] {
+                continue;
+            }
+            vol_reconciled[c] = reconciled;
+            if cfg.crash_tractservers && ts_down.is_none() && vchaos.random_ratio(1, 3) {
+                let i = vchaos.random_range(0..total);
+                sim.crash(ts_host(i));
+                ghosts.crashed(&ts_host(i));
+                let report = disks.get(disk_path(i).as_ref()).map(|d| d.crash()).unwrap_or_default();
+                trace.event_at(
+                    now,
+                    "chaos",
+                    format!("crash {} after vol{c}'s recovery {report:?}", ts_host(i)),
+                );
+                ts_down = Some((i, step + vchaos.random_range(100..1500)));
+                ts_crashes += 1;
+            }
+        }
+        if cfg.crash_volume_clients {
+            for (c, v) in volumes.iter().enumerate() {
+                let host = format!("vol{c}");
+                match vol_down[c] {
+                    None if !v.done() => {
+                        // Mostly while writes are cut off by it; sometimes
+                        // in an open, a recovery or a check.
+                        let (waiting, undurable) = v.in_flight();
+                        let busy = waiting > 0 || undurable > 0;
+                        if !vchaos.random_ratio(1, if busy { 700 } else { 8000 }) {
+                            continue;
+                        }
+                        let phase = v.phase();
+                        ghosts.crash_begin(&host);
+                        sim.crash(host.as_str());
+                        let orphans = ghosts.crash_end(&host);
+                        ghosts.crashed(&host);
+                        trace.event_at(
+                            now,
+                            "chaos",
+                            format!(
+                                "crash {host} while {phase}: {waiting} writes issued, {undurable} undurable, {} connections with a change",
+                                orphans.len()
+                            ),
+                        );
+                        vol_crashes += 1;
+                        vol_crashes_in_flight += busy as u32;
+                        for o in orphans {
+                            if cfg.late_requests == 0 || !vchaos.random_ratio(1, cfg.late_requests) {
+                                continue;
+                            }
+                            let delay = Duration::from_millis(vchaos.random_range(50..3000));
+                            trace.event_at(
+                                now,
+                                "chaos",
+                                format!("{host}'s {} arrives in {} ms", o.describe(), delay.as_millis()),
+                            );
+                            if let Some(tx) = &late {
+                                let _ = tx.send((o, delay));
+                            }
+                        }
+                        vol_down[c] = Some(step + vchaos.random_range(50..1000));
+                    }
+                    Some(at) if step >= at => {
+                        sim.bounce(host.as_str());
+                        trace.event_at(now, "chaos", format!("restart {host}"));
+                        vol_down[c] = None;
+                    }
+                    _ => {}
+                }
+            }
         }
         if cfg.full_disks {
             match full {
@@ -419,6 +668,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             }
         }
     }
+    let vstats: Vec<vc::VolumeStats> = volumes.iter().map(|v| v.stats()).collect();
     Ok(BlobSimReport {
         seed,
         trace,
@@ -433,6 +683,14 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         bit_flips,
         full_disks,
         full_disk_writes: disks.disks().iter().map(|(_, d)| d.writes_refused()).sum(),
+        volume_crashes: vol_crashes,
+        volume_crashes_in_flight: vol_crashes_in_flight,
+        late_deliveries: ghosts.late_sent.load(Ordering::Relaxed),
+        late_fenced: ghosts.late_fenced.load(Ordering::Relaxed),
+        tracts_reconciled: vstats.iter().map(|s| s.tracts_reconciled).sum(),
+        chunk_repairs: vstats.iter().map(|s| s.chunk_repairs).sum(),
+        replica_checks: vstats.iter().map(|s| s.replica_checks).sum(),
+        volume_ops: vstats.iter().map(|s| s.acked_ops).sum(),
         simulated: sim.elapsed(),
     })
 }

@@ -19,6 +19,12 @@
 //!   model ([`FaultConfig`], [`CrashReport`]).
 //! - [`net`]: [`SimNet`], turmoil TCP behind the `Net` trait, addressed by
 //!   host name (`"ts1:7000"`).
+//! - [`ghost`]: late duplicates of dropped connections' requests, and late
+//!   requests of crashed clients ([`Ghosts`]).
+//! - [`volume_client`]: hosts running a replicated volume that the harness
+//!   crashes mid-write; replica agreement and the crash checker's contract
+//!   after every recovery.
+//! - [`cluster`]: the whole cluster under chaos ([`run_blob_sim`]).
 //!
 //! Determinism rules for code under simulation: reach time, randomness,
 //! sockets and disks only through `Env`; never use `spawn_blocking` (a
@@ -31,6 +37,7 @@ pub mod disk;
 pub mod env;
 pub mod ghost;
 pub mod net;
+pub mod volume_client;
 
 use std::io;
 use std::path::PathBuf;

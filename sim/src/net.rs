@@ -99,12 +99,13 @@ impl Net for SimNet {
     fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>> {
         let addr = addr.to_string();
         let ghosts = self.ghosts.clone();
+        let host = self.host.clone();
         async move {
             check_simulated(&addr)?;
             let s = TcpStream::connect(addr.as_str()).await?;
             s.set_nodelay(true)?;
             Ok(match ghosts {
-                Some(g) => Box::new(GhostStream::new(s, addr, g)) as BoxStream,
+                Some(g) => Box::new(GhostStream::new(s, addr, g, host)) as BoxStream,
                 None => Box::new(s) as BoxStream,
             })
         }

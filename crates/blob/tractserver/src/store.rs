@@ -208,6 +208,10 @@ pub enum PlantedBug {
     /// Apply changes from connections their client has replaced (no
     /// session fencing, `blizzard_rpc::Caller`).
     NoFence,
+    /// Admit changes of every writer epoch (no writer fencing,
+    /// `crate::fence`): a crashed writer's late requests land after its
+    /// successor reconciled.
+    NoWriterFence,
 }
 
 /// Tract writes handed to the disk at once. Buffered writes to one file
