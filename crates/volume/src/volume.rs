@@ -131,8 +131,8 @@ pub struct Volume {
     sb: Superblock,
     striping: Striping,
     engine: Engine,
-    /// Replicated write-through and fast-ack volumes: which tracts a crash
-    /// may leave different on different replicas (`intent`).
+    /// Write-through and fast-ack volumes: which tracts a crash may leave
+    /// different on different replicas (`intent`).
     intent: Option<Arc<IntentLog>>,
     recovery: Recovery,
     /// Opened without claiming it (`open_read_only`): changes refused.
@@ -143,11 +143,13 @@ pub struct Volume {
 /// header and one bitmap page (`intent`).
 pub const VOLUME_TRACT_MIN: u32 = intent::BITMAP_OFFSET + intent::PAGE;
 
-/// Whether a volume keeps a write-intent log: it writes replicas in place
-/// (a log volume's recovery already ignores what it did not finish), and
-/// has more than one.
-fn keeps_intent(mode: CommitMode, replication: u8) -> bool {
-    mode != CommitMode::Log && replication > 1
+/// Whether a volume keeps a write-intent log: it writes its blocks in
+/// place (a log volume's recovery already ignores what it did not finish).
+/// Every replication level: even a 1-way tract has two copies while a
+/// joining tractserver takes it over (a pending member, FDS §3.4), and a
+/// write cut off by a crash may reach one and not the other.
+fn keeps_intent(mode: CommitMode) -> bool {
+    mode != CommitMode::Log
 }
 
 fn striping_for(sb: &Superblock, tract_size: u32) -> Striping {
@@ -181,7 +183,7 @@ impl Volume {
                 "a volume needs tracts of at least {VOLUME_TRACT_MIN} bytes (this cluster's are {tract_size}): create the cluster with a larger --tract-size"
             ));
         }
-        if keeps_intent(spec.mode, spec.replication) {
+        if keeps_intent(spec.mode) {
             let st = Striping {
                 tract_size: tract_size as u64,
                 block_size: bs as u64,
@@ -203,7 +205,7 @@ impl Volume {
         let need = st.tracts_for(size_bytes);
         if need > cap {
             return Err(VolumeError::Invalid(format!(
-                "a replicated volume of {size_bytes} bytes uses {need} tracts of {} bytes, more than its write-intent bitmap covers ({cap}); use a cluster with larger tracts",
+                "a volume of {size_bytes} bytes uses {need} tracts of {} bytes, more than its write-intent bitmap covers ({cap}); use a cluster with larger tracts, or the log commit mode",
                 st.tract_size
             )));
         }
@@ -343,7 +345,7 @@ impl Volume {
     ///    crashed one still in the network;
     /// 2. a replicated volume makes its superblock the same on every
     ///    replica (a resize cut off by a crash may have reached only some);
-    /// 3. a replicated write-through or fast-ack volume makes every tract
+    /// 3. a write-through or fast-ack volume makes every tract
     ///    its intent bitmap names the same on every replica
     ///    (`IntentLog::recover`), before the first read;
     /// 4. a log volume rolls its log forward.
@@ -354,7 +356,7 @@ impl Volume {
             sb = Self::settle_superblock(&io).await?;
         }
         let striping = striping_for(&sb, io.tract_size());
-        let (intent, recovery) = if keeps_intent(sb.mode, io.replication()) {
+        let (intent, recovery) = if keeps_intent(sb.mode) {
             let size = io.size_tracts().max(striping.tracts_for(sb.size_bytes));
             let (log, rec) = IntentLog::recover(env.clone(), io.clone(), claim, size, planted).await?;
             (Some(log), rec)
@@ -408,7 +410,7 @@ impl Volume {
         &self.recovery
     }
 
-    /// The intent log, for replicated write-through and fast-ack volumes.
+    /// The intent log, for write-through and fast-ack volumes.
     pub fn intent(&self) -> Option<&Arc<IntentLog>> {
         self.intent.as_ref()
     }
