@@ -119,7 +119,7 @@ pub struct CrashReport {
 }
 
 impl CrashReport {
-    fn add(&mut self, other: CrashReport) {
+    pub fn add(&mut self, other: CrashReport) {
         self.lost += other.lost;
         self.kept += other.kept;
         self.torn += other.torn;
@@ -560,6 +560,29 @@ impl Disks for SimDisks {
         let result =
             self.open_now(path, create_len).map(|d| Arc::new(d) as Arc<dyn Disk>).map_err(io::Error::from);
         futures::future::ready(result).boxed()
+    }
+
+    /// Removal is durable at once (a real `unlink` followed by a directory
+    /// sync, which `Disks::remove` promises). A handle still open keeps
+    /// working on the removed disk's state, as an open file does.
+    fn remove(&self, path: &Path) -> BoxFuture<'static, io::Result<()>> {
+        lock(&self.0).disks.remove(path);
+        futures::future::ready(Ok(())).boxed()
+    }
+
+    fn list(&self, dir: &Path, prefix: &str) -> BoxFuture<'static, io::Result<Vec<PathBuf>>> {
+        let st = lock(&self.0);
+        // `disks` is a BTreeMap: already sorted by path.
+        let out = st
+            .disks
+            .keys()
+            .filter(|p| {
+                p.parent() == Some(dir)
+                    && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix))
+            })
+            .cloned()
+            .collect();
+        futures::future::ready(Ok(out)).boxed()
     }
 }
 

@@ -7,15 +7,19 @@
 // servers' env, to make replicas differ on purpose.
 #![allow(clippy::disallowed_methods)]
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 
 use blizzard_client::{Blob, Client, ClientError};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::crc::piece_crcs;
 use blizzard_core::TractNo;
-use blizzard_env::Env;
+use blizzard_env::{Disk, Disks, Env};
 use blizzard_proto::{Reply, Request, TractAddr};
 
 const TRACT: u32 = 64 << 10;
@@ -24,6 +28,12 @@ const CHUNK: u32 = 4096;
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 async fn cluster(dir: &tempfile::TempDir, io_delay: Duration) -> Cluster {
+    cluster_on(dir, io_delay, Env::real(), false).await
+}
+
+/// A cluster whose servers reach their disks through `env`; with
+/// `unix_sockets`, a tractserver keeps its address across a restart.
+async fn cluster_on(dir: &tempfile::TempDir, io_delay: Duration, env: Env, unix_sockets: bool) -> Cluster {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -37,7 +47,106 @@ async fn cluster(dir: &tempfile::TempDir, io_delay: Duration) -> Cluster {
     cfg.disk_size = 32 << 20;
     cfg.heartbeat_interval = Duration::from_millis(50);
     cfg.io_delay = io_delay;
-    Cluster::start(Env::real(), cfg).await.unwrap()
+    cfg.unix_sockets = unix_sockets;
+    Cluster::start(env, cfg).await.unwrap()
+}
+
+/// Disks that can lose power: every write not yet covered by a sync is
+/// remembered (with the bytes it replaced), and a disk marked with
+/// [`LossyDisks::lose_power`] is opened next with all of them undone, as
+/// a power loss that kept none of them would leave it.
+#[derive(Clone, Default)]
+struct LossyDisks {
+    logs: Arc<Mutex<BTreeMap<PathBuf, Arc<Mutex<PowerLog>>>>>,
+}
+
+#[derive(Default)]
+struct PowerLog {
+    /// (offset, bytes before) of each write not yet synced, oldest first.
+    unsynced: Vec<(u64, Bytes)>,
+    lost_power: bool,
+}
+
+impl LossyDisks {
+    fn log(&self, path: &Path) -> Arc<Mutex<PowerLog>> {
+        self.logs.lock().unwrap().entry(path.to_path_buf()).or_default().clone()
+    }
+
+    /// Writes to the disk at `path` not yet made durable.
+    fn unsynced(&self, path: &Path) -> usize {
+        self.log(path).lock().unwrap().unsynced.len()
+    }
+
+    /// The disk at `path` (its server stopped) loses every write not yet
+    /// synced.
+    fn lose_power(&self, path: &Path) {
+        self.log(path).lock().unwrap().lost_power = true;
+    }
+}
+
+impl Disks for LossyDisks {
+    fn open(
+        &self,
+        path: &Path,
+        create_len: Option<u64>,
+    ) -> BoxFuture<'static, std::io::Result<Arc<dyn Disk>>> {
+        let log = self.log(path);
+        let open = Env::real().disks.open(path, create_len);
+        Box::pin(async move {
+            let inner = open.await?;
+            let undo = {
+                let mut l = log.lock().unwrap();
+                if std::mem::take(&mut l.lost_power) {
+                    std::mem::take(&mut l.unsynced)
+                } else {
+                    Vec::new()
+                }
+            };
+            for (at, before) in undo.into_iter().rev() {
+                inner.write_at(vec![(at, before)]).await?;
+            }
+            inner.sync().await?;
+            Ok(Arc::new(LossyDisk { inner, log }) as Arc<dyn Disk>)
+        })
+    }
+}
+
+struct LossyDisk {
+    inner: Arc<dyn Disk>,
+    log: Arc<Mutex<PowerLog>>,
+}
+
+impl Disk for LossyDisk {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, std::io::Result<Bytes>> {
+        self.inner.read_at(offset, len)
+    }
+    fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, std::io::Result<()>> {
+        let (inner, log) = (self.inner.clone(), self.log.clone());
+        Box::pin(async move {
+            for (at, data) in &writes {
+                let before = inner.read_at(*at, data.len()).await?;
+                log.lock().unwrap().unsynced.push((*at, before));
+            }
+            inner.write_at(writes).await
+        })
+    }
+    fn sync(&self) -> BoxFuture<'static, std::io::Result<()>> {
+        let (inner, log) = (self.inner.clone(), self.log.clone());
+        Box::pin(async move {
+            let covered = log.lock().unwrap().unsynced.len();
+            inner.sync().await?;
+            log.lock().unwrap().unsynced.drain(..covered);
+            Ok(())
+        })
+    }
+}
+
+/// The index of the tractserver at `addr`.
+fn index_of(c: &Cluster, addr: &str) -> usize {
+    (0..c.tractserver_count()).find(|i| c.tractserver(*i).is_some_and(|t| t.addr == addr)).unwrap()
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -220,6 +329,12 @@ async fn a_change_that_arrives_before_the_fence_but_lands_after_is_refused() -> 
             .sum()
     };
     assert_eq!(inflight(), 0);
+    // The client learns the replicas' boot ids (a sync reports them), so
+    // the reconcile below sends its digests at once, not after a sync that
+    // asks for them (which would let the late write land first, seen by
+    // the digest, and this test would not test the lock).
+    let receipt = created.write_cached(0, 0, old.slice(0..4096)).await?;
+    created.sync(receipt).await?;
 
     let b = client.open_blob(created.id()).await?;
     b.set_writer(4);
@@ -241,6 +356,95 @@ async fn a_change_that_arrives_before_the_fence_but_lands_after_is_refused() -> 
     for r in a.read_replicas(0, 0, TRACT).await? {
         assert!(r == old, "the fenced write changed a replica after the digest");
     }
+    c.stop().await;
+    Ok(())
+}
+
+/// What a reconcile settled is durable on every replica when it returns. A
+/// cached write that reached only the row's first member (applied there,
+/// not yet synced) is what the replicas agree on: it is copied to the
+/// others; then the first member loses power. Once, the digests answered
+/// from memory and nothing synced the first member: it came back without
+/// the write while the others kept it, and nothing would compare them
+/// again (a volume clears the tract's intent bit once reconciled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciled_tract_survives_a_power_loss() -> R {
+    let dir = tempfile::tempdir()?;
+    let disks = LossyDisks::default();
+    let env = Env { disks: Arc::new(disks.clone()), ..Env::real() };
+    let mut c = cluster_on(&dir, Duration::ZERO, env, true).await;
+    let client = c.client().await?;
+    let blob = client.create_blob(None, 3).await?;
+    blob.extend_to(1).await?;
+    let old = pattern(1, TRACT as usize);
+    blob.write(0, 0, Bytes::from(old.clone())).await?;
+    let (servers, version) = replicas(&client, &blob, 0);
+    let first = index_of(&c, &servers[0]);
+
+    // A cached write of chunks 0 and 1 that reached the first member only.
+    let new = pattern(2, 2 * CHUNK as usize);
+    let cached =
+        Request::WriteTractCached { addr: addr(&blob, 0, version), offset: 0, crcs: piece_crcs(0, &new) };
+    send_to(&servers[0], cached, Bytes::from(new.clone())).await?;
+    assert!(disks.unsynced(&c.disk_path(first)) > 0, "the cached write is not durable yet");
+
+    blob.reconcile(0).await?;
+    let mut want = old.clone();
+    want[..new.len()].copy_from_slice(&new);
+    for (i, r) in blob.read_replicas(0, 0, TRACT).await?.iter().enumerate() {
+        assert!(r[..] == want[..], "replica {i} ({}) after reconciling", servers[i]);
+    }
+
+    // Power loss at the first member: what it had not synced is gone.
+    c.stop_tractserver(first).await;
+    disks.lose_power(&c.disk_path(first));
+    c.start_tractserver(first).await?;
+    c.wait_ready(Duration::from_secs(10)).await?;
+    for (i, r) in blob.read_replicas(0, 0, TRACT).await?.iter().enumerate() {
+        assert!(r[..] == want[..], "replica {i} ({}) after the first member lost power", servers[i]);
+    }
+    c.stop().await;
+    Ok(())
+}
+
+/// A server that restarted between the last boot id this client heard
+/// from it and the sync after its digest (here, between two reconciles:
+/// its address stays, a unix socket) makes the round start again: what it
+/// digested may have been answered by the process before, whose unsynced
+/// state a restart may have lost. The second reconcile takes two rounds of
+/// digests; the first round's syncs tell it the server restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_before_the_sync_starts_the_round_again() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut c = cluster_on(&dir, Duration::ZERO, Env::real(), true).await;
+    let client = c.client().await?;
+    let blob = client.create_blob(None, 3).await?;
+    blob.extend_to(1).await?;
+    blob.write(0, 0, Bytes::from(pattern(1, TRACT as usize))).await?;
+    let (servers, _) = replicas(&client, &blob, 0);
+    // The client learns every replica's boot id.
+    blob.reconcile(0).await?;
+
+    let restarted = index_of(&c, &servers[1]);
+    c.stop_tractserver(restarted).await;
+    c.start_tractserver(restarted).await?;
+    c.wait_ready(Duration::from_secs(10)).await?;
+    assert_eq!(c.tractserver(restarted).unwrap().addr, servers[1], "the address stays");
+    // Reconnect to it (a read retries past the closed connection).
+    blob.read_replicas(0, 0, 4096).await?;
+
+    let first = index_of(&c, &servers[0]);
+    let digests = |c: &Cluster| {
+        c.tractserver(first).unwrap().service.store.stats.digests.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = digests(&c);
+    let rec = blob.reconcile(0).await?;
+    assert_eq!(rec.chunk_repairs, 0);
+    assert_eq!(digests(&c) - before, 2, "one round for the restart, one that held");
+    // Now it knows the new boot id: one round.
+    let before = digests(&c);
+    blob.reconcile(0).await?;
+    assert_eq!(digests(&c) - before, 1);
     c.stop().await;
     Ok(())
 }

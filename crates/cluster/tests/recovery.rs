@@ -410,3 +410,63 @@ async fn the_scrubber_repairs_bit_rot_from_other_replicas() -> R {
     c.stop().await;
     Ok(())
 }
+
+/// A newcomer copies a row only from its first complete member. A chunk
+/// that member cannot read (rot, or a chunk torn by a power loss that no
+/// replica holds the way its entry expects, which the scrubber cannot
+/// repair) is healed there from another complete member before it is
+/// sent. Once, the copy of that tract failed for good: the newcomer
+/// answered `NotReady` forever, the row never finished filling, and a
+/// volume reconciling the tract could not open. The scrubber is off here,
+/// so only the copy can mend the damage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_copies_past_a_chunk_its_source_cannot_read() -> R {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = ClusterConfig::new(dir.path());
+    cfg.tractservers = 5;
+    cfg.replication = 3;
+    cfg.tract_size = TRACT;
+    cfg.disk_size = 64 << 20;
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    let mut c = Cluster::start(Env::real(), cfg).await?;
+    let client = c.client().await?;
+    let model = Model::new(&client, &[3], 16, 3).await?;
+    let (b, content) = &model.blobs[0];
+    let victim = 4;
+    let victim_id = c.tractserver(victim).unwrap().id;
+    let victim_addr = c.tractserver(victim).unwrap().addr.clone();
+    // Damage chunk 2 of every fully written tract on the first member of
+    // its row, where that member is not the server about to stop (so it
+    // stays the source of the copy).
+    let tlt = client.tlt();
+    let mut damaged = 0;
+    for t in (0..content.len()).filter(|t| t % 4 >= 2) {
+        let row = &tlt.rows[tlt.locate(b.id(), blizzard_core::TractNo(t as i64))];
+        let ids: Vec<TsId> = row.members.iter().map(|&m| tlt.members[m as usize].id).collect();
+        if !ids.contains(&victim_id) || ids[0] == victim_id {
+            continue;
+        }
+        let i = (0..c.tractserver_count()).find(|&i| c.tractserver(i).unwrap().id == ids[0]).unwrap();
+        let store = &c.tractserver(i).unwrap().service.store;
+        let base = store.data_location(b.id(), blizzard_core::TractNo(t as i64)).unwrap();
+        flip_byte(&c.disk_path(i), base + 2 * 4096 + 100)?;
+        damaged += 1;
+    }
+    assert!(damaged > 0, "no tract to damage in a row of the stopped server");
+    c.stop_tractserver(victim).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = client.cluster_status().await?;
+        if s.fully_replicated() && s.members.iter().any(|m| m.addr == victim_addr && m.dead) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "rows not refilled within 60 s: {s:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every replica, the newcomers' and the healed sources' included,
+    // holds every acknowledged byte.
+    model.verify_replicas().await?;
+    c.stop().await;
+    Ok(())
+}

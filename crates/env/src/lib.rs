@@ -7,12 +7,13 @@
 //! The traits return boxed futures so that one `Env` type serves both
 //! worlds without making every server generic.
 
+mod group_commit;
 mod local;
 mod real;
 mod zero_fill;
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -21,6 +22,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 pub use tokio::time::Instant;
 
+pub use group_commit::GroupCommit;
 pub use local::LocalNet;
 pub use real::{RealClock, RealDisks, RealNet, RealRng};
 
@@ -62,6 +64,22 @@ pub trait Disks: Send + Sync {
     /// a file of that many bytes with its space allocated up front (and its
     /// directory, if missing).
     fn open(&self, path: &Path, create_len: Option<u64>) -> BoxFuture<'static, io::Result<Arc<dyn Disk>>>;
+
+    /// Removes the disk file at `path`, durably (its directory is synced
+    /// before this returns). A file already gone is not an error. For
+    /// stores made of many files (a log's segments, snapshots).
+    fn remove(&self, path: &Path) -> BoxFuture<'static, io::Result<()>> {
+        let e = io::Error::new(io::ErrorKind::Unsupported, format!("cannot remove {}", path.display()));
+        Box::pin(async move { Err(e) })
+    }
+
+    /// The disk files directly in `dir` whose names start with `prefix`,
+    /// sorted by name (empty if `dir` does not exist).
+    fn list(&self, dir: &Path, prefix: &str) -> BoxFuture<'static, io::Result<Vec<PathBuf>>> {
+        let e =
+            io::Error::new(io::ErrorKind::Unsupported, format!("cannot list {}/{prefix}*", dir.display()));
+        Box::pin(async move { Err(e) })
+    }
 }
 
 /// One disk. Writes become durable only after `sync` returns; what a crash
@@ -192,5 +210,13 @@ impl Env {
 
     pub async fn open_disk(&self, path: &Path, create_len: Option<u64>) -> io::Result<Arc<dyn Disk>> {
         self.disks.open(path, create_len).await
+    }
+
+    pub async fn remove_disk(&self, path: &Path) -> io::Result<()> {
+        self.disks.remove(path).await
+    }
+
+    pub async fn list_disks(&self, dir: &Path, prefix: &str) -> io::Result<Vec<PathBuf>> {
+        self.disks.list(dir, prefix).await
     }
 }

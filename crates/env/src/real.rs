@@ -171,6 +171,53 @@ impl Disks for RealDisks {
         }
         .boxed()
     }
+
+    fn remove(&self, path: &Path) -> BoxFuture<'static, io::Result<()>> {
+        let path = path.to_path_buf();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    File::open(dir)?.sync_all()?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(io::Error::other)?
+        }
+        .boxed()
+    }
+
+    fn list(&self, dir: &Path, prefix: &str) -> BoxFuture<'static, io::Result<Vec<PathBuf>>> {
+        let (dir, prefix) = (dir.to_path_buf(), prefix.to_string());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                    Err(e) => return Err(e),
+                };
+                let mut out = Vec::new();
+                for e in entries {
+                    let e = e?;
+                    if e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
+                        && e.file_type()?.is_file()
+                    {
+                        out.push(e.path());
+                    }
+                }
+                out.sort();
+                Ok(out)
+            })
+            .await
+            .map_err(io::Error::other)?
+        }
+        .boxed()
+    }
 }
 
 struct RealDisk {

@@ -14,7 +14,7 @@
 //! a new writer has reconciled a tract, nothing of the writer it replaced
 //! lands there.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -194,16 +194,8 @@ impl Blob {
     /// tractserver cannot sync or restarted since it took the write (its
     /// boot id changed): the caller must then write that data again.
     pub async fn sync(&self, receipt: CacheReceipt) -> Result<(), ClientError> {
-        let mut servers: HashMap<String, Option<u64>> = HashMap::new();
-        for (addr, boot) in receipt {
-            let e = servers.entry(addr).or_insert(Some(boot));
-            if *e != Some(boot) {
-                // Two boot ids for one server: it restarted in between.
-                *e = None;
-            }
-        }
         let c = &self.client;
-        let calls = servers.into_iter().map(|(addr, boot)| async move {
+        let calls = sync_targets(receipt).into_iter().map(|(addr, boot)| async move {
             // One attempt: a failed sync leaves the writes' fate unknown,
             // and only the caller can write them again.
             let (reply, _) = c
@@ -212,6 +204,9 @@ impl Blob {
                 .call(&addr, &Request::SyncDisk, Bytes::new())
                 .await
                 .map_err(|e| ClientError::Unavailable { attempts: 1, last: e.to_string() })?;
+            if let Reply::Boot { boot: now } = reply {
+                c.saw_boot(&addr, now);
+            }
             match (reply, boot) {
                 (Reply::Boot { boot: now }, Some(then)) if now == then => Ok(()),
                 (Reply::Boot { .. }, _) => Err(ClientError::Restarted { addr }),
@@ -469,6 +464,16 @@ impl Blob {
     /// it plan again. Gives up after [`RECONCILE_ROUNDS`] rounds of
     /// repairs (`ClientError::NotReconciled`).
     ///
+    /// Durable on return: once a round's digests agree, every server that
+    /// answered one is sent a `SyncDisk`, and the tract is reconciled only
+    /// if every sync succeeded and came from the process that answered the
+    /// digest (the boot id it reports is one the server reported before
+    /// its digest: a server first met is asked for its boot id by a sync
+    /// before its digest). A digest answers from the server's memory, which
+    /// holds cached writes and writes still waiting for their group commit;
+    /// a sync that fails, or a server that restarted in between (what it
+    /// answered may be gone with it), starts the round again.
+    ///
     /// Chunks no replica can read are left as they are (every read of
     /// them fails alike) and counted in `unreadable_chunks`.
     pub async fn reconcile(&self, tract: u64) -> Result<Reconciled, ClientError> {
@@ -479,20 +484,44 @@ impl Blob {
         let mut done = Reconciled { tracts: 1, chunks_compared: chunks as u64, ..Reconciled::default() };
         let mut last = String::new();
         for round in 0..=RECONCILE_ROUNDS {
-            let (seen, row_version, servers, digests) = self.digest_replicas(tract, chunks).await?;
+            let Digests { seen, row_version, servers, boots, digests } =
+                self.digest_replicas(tract, chunks).await?;
             let p = plan(&digests, chunks, REPAIR_RUN_CHUNKS);
             done.unreadable_chunks = p.unreadable.len() as u64;
             if p.is_empty() {
-                tracing::debug!(
-                    blob = %self.id(),
-                    tract,
-                    rounds = round,
-                    chunk_repairs = done.chunk_repairs,
-                    bytes_copied = done.bytes_copied,
-                    unreadable = done.unreadable_chunks,
-                    "tract reconciled"
-                );
-                return Ok(done);
+                // The replicas agree on what their digests say, which is
+                // what their memory says: not yet what their disks would
+                // keep through a power loss (a write cached or waiting for
+                // its group commit, on one replica only). A volume clears a
+                // tract's intent bit once this returns, and nothing
+                // compares the replicas after that: whatever one of them
+                // lost then would differ from the others for good. So the
+                // digested state is made durable everywhere first (one
+                // group commit per server, shared with every reconcile
+                // running there), by the very processes that digested it.
+                match self.make_durable(&servers, &boots).await {
+                    Ok(()) => {
+                        tracing::debug!(
+                            blob = %self.id(),
+                            tract,
+                            rounds = round,
+                            chunk_repairs = done.chunk_repairs,
+                            bytes_copied = done.bytes_copied,
+                            unreadable = done.unreadable_chunks,
+                            "tract reconciled"
+                        );
+                        return Ok(done);
+                    }
+                    Err(f) => {
+                        tracing::debug!(blob = %self.id(), tract, round, error = %f.last, "reconciled tract not made durable; again");
+                        last = f.last;
+                        if round == RECONCILE_ROUNDS {
+                            break;
+                        }
+                        c.after_failure(round, seen, f.next, &mut last).await?;
+                        continue;
+                    }
+                }
             }
             if round == RECONCILE_ROUNDS {
                 let mut differs = describe(&p, &servers);
@@ -507,47 +536,84 @@ impl Blob {
                 c.after_failure(round, seen, f.next, &mut last).await?;
             }
         }
-        // The loop returns at its last round.
-        Err(ClientError::NotReconciled { blob: self.id(), tract, rounds: RECONCILE_ROUNDS, differs: last })
+        Err(ClientError::NotReconciled {
+            blob: self.id(),
+            tract,
+            rounds: RECONCILE_ROUNDS,
+            differs: format!("the replicas agree but could not all be made durable: {last}"),
+        })
     }
 
-    /// One digest of the tract from every writer of its row, in row order:
-    /// (the TLT version used, the row's version, the servers, their
-    /// digests).
-    async fn digest_replicas(
-        &self,
-        tract: u64,
-        chunks: u32,
-    ) -> Result<(u64, u64, Vec<String>, Vec<Vec<ChunkState>>), ClientError> {
+    /// One digest of the tract from every writer of its row, in row order,
+    /// with the boot id each server reported before its digest (asked by a
+    /// `SyncDisk` first if this client has not seen one from it yet).
+    async fn digest_replicas(&self, tract: u64, chunks: u32) -> Result<Digests, ClientError> {
         let r = self.replication() as usize;
         let c = &self.client;
         c.retry(|tlt, _| async move {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let req = Request::DigestTract { addr: self.addr(tract, row.version) };
             let servers: Vec<String> = row.writers(r).map(|m| tlt.members[m as usize].addr.clone()).collect();
-            let calls = servers.iter().map(|addr| c.inner.pool.call(addr, &req, Bytes::new()));
-            let mut digests = Vec::with_capacity(servers.len());
-            let mut failed: Option<Failed> = None;
-            for (addr, res) in servers.iter().zip(futures::future::join_all(calls).await) {
-                match res {
-                    Ok((Reply::Digest { chunks: d }, _)) if d.len() <= chunks as usize => digests.push(d),
+            let req = &req;
+            let calls = servers.iter().map(|addr| async move {
+                // Seen before this digest is sent: if the server reports it
+                // again after the digest, one process answered both.
+                let boot = match c.boot_of(addr) {
+                    Some(b) => b,
+                    None => c.sync_disk(addr).await?,
+                };
+                match c.inner.pool.call(addr, req, Bytes::new()).await {
+                    Ok((Reply::Digest { chunks: d }, _)) if d.len() <= chunks as usize => Ok((boot, d)),
                     Ok((Reply::Digest { chunks: d }, _)) => {
                         let e = format!("{addr} sent a digest of {} chunks; a tract has {chunks}", d.len());
-                        failed = Some(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e).or(failed));
+                        Err(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e))
                     }
                     Ok((other, _)) => {
                         let e = format!("{addr} answered a digest with {other:?}");
-                        failed = Some(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e).or(failed));
+                        Err(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e))
                     }
-                    Err(e) => failed = Some(Failed::of(&e).or(failed)),
+                    Err(e) => Err(Failed::of(&e)),
+                }
+            });
+            let mut boots = Vec::with_capacity(servers.len());
+            let mut digests = Vec::with_capacity(servers.len());
+            let mut failed: Option<Failed> = None;
+            for res in futures::future::join_all(calls).await {
+                match res {
+                    Ok((boot, d)) => {
+                        boots.push(boot);
+                        digests.push(d);
+                    }
+                    Err(f) => failed = Some(f.or(failed)),
                 }
             }
             match failed {
-                None => Ok((tlt.version, row.version, servers, digests)),
+                None => Ok(Digests { seen: tlt.version, row_version: row.version, servers, boots, digests }),
                 Some(f) => Err(f),
             }
         })
         .await
+    }
+
+    /// Makes what `servers` digested durable: a `SyncDisk` to each, which
+    /// must come back from the process that reported `boots` (one per
+    /// server) before its digest. Fails, classified for the caller, if a
+    /// sync fails or a server restarted since.
+    async fn make_durable(&self, servers: &[String], boots: &[u64]) -> Result<(), Failed> {
+        let c = &self.client;
+        let calls = servers.iter().map(|addr| c.sync_disk(addr));
+        let mut failed: Option<Failed> = None;
+        for ((addr, then), res) in servers.iter().zip(boots).zip(futures::future::join_all(calls).await) {
+            match res {
+                Ok(now) if now == *then => {}
+                Ok(_) => {
+                    let e = format!("{addr} restarted after its digest: what it answered may be lost");
+                    failed = Some(Failed::new(Next::Backoff, e).or(failed));
+                }
+                Err(f) => failed = Some(f.or(failed)),
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Carries out `p`'s repairs on `servers` (indexed as the digests
@@ -669,6 +735,35 @@ impl Blob {
     }
 }
 
+/// One round of digests ([`Blob::digest_replicas`]): the TLT version used,
+/// the row's version, and per writer of the row in row order its address,
+/// the boot id it reported before its digest, and the digest.
+struct Digests {
+    seen: u64,
+    row_version: u64,
+    servers: Vec<String>,
+    boots: Vec<u64>,
+    digests: Vec<Vec<ChunkState>>,
+}
+
+/// The servers a sync of `receipt` asks, each once, in address order, with
+/// the boot id that took its writes (`None`: two boot ids, so it restarted
+/// in between). Ordered, not hashed: the syncs go out in this order, and a
+/// `HashMap`'s order differs from process to process, which made the
+/// simulator's fast-ack runs diverge between replays of one seed (its
+/// rule: maps whose order has effects are `BTreeMap`s).
+fn sync_targets(receipt: CacheReceipt) -> BTreeMap<String, Option<u64>> {
+    let mut servers: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    for (addr, boot) in receipt {
+        let e = servers.entry(addr).or_insert(Some(boot));
+        if *e != Some(boot) {
+            // Two boot ids for one server: it restarted in between.
+            *e = None;
+        }
+    }
+    servers
+}
+
 /// What a plan would still change, briefly (for logs and errors).
 fn describe(p: &Plan, servers: &[String]) -> String {
     let name = |i: usize| servers.get(i).map(String::as_str).unwrap_or("?");
@@ -697,4 +792,31 @@ fn describe(p: &Plan, servers: &[String]) -> String {
         out.push(format!("{} chunks unreadable everywhere", p.unreadable.len()));
     }
     out.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sync asks each server of a receipt once, in address order whatever
+    /// the receipt's order, so a seeded simulation replays its syncs in the
+    /// same order; a server named with two boot ids is marked restarted.
+    /// (With a `HashMap` the order changed from process to process.)
+    #[test]
+    fn sync_asks_each_server_once_in_address_order() {
+        let addrs: Vec<String> = (0..16).map(|i| format!("ts{i:02}:7000")).collect();
+        let mut receipt = CacheReceipt::new();
+        for round in 0..3u64 {
+            // Every server three times, in a different order each round.
+            for i in 0..addrs.len() {
+                let a = &addrs[(i * 7 + round as usize * 5) % addrs.len()];
+                receipt.push((a.clone(), 100));
+            }
+        }
+        receipt.push((addrs[3].clone(), 101));
+        let got: Vec<(String, Option<u64>)> = sync_targets(receipt).into_iter().collect();
+        let want: Vec<(String, Option<u64>)> =
+            addrs.iter().enumerate().map(|(i, a)| (a.clone(), (i != 3).then_some(100))).collect();
+        assert_eq!(got, want);
+    }
 }

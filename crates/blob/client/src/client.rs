@@ -1,9 +1,10 @@
 //! The client: the cached TLT, the connection pool, the simultaneous-request
 //! limit, and blob-level metadata calls to a row's primary.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -97,6 +98,10 @@ pub(crate) struct Inner {
     tlt: RwLock<Arc<Tlt>>,
     refresh: tokio::sync::Mutex<()>,
     limit: Arc<Semaphore>,
+    /// The boot id each tractserver (by address) last reported to a
+    /// `SyncDisk` of this client: [`Blob::reconcile`] compares the one a
+    /// server reports after its digest with one seen before it.
+    boots: Mutex<BTreeMap<String, u64>>,
     pub stats: ClientStats,
 }
 
@@ -214,6 +219,7 @@ impl Client {
                 tlt: RwLock::new(Arc::new(tlt)),
                 refresh: tokio::sync::Mutex::new(()),
                 limit,
+                boots: Mutex::new(BTreeMap::new()),
                 stats,
             }),
         })
@@ -247,6 +253,39 @@ impl Client {
 
     pub fn stats(&self) -> &ClientStats {
         &self.inner.stats
+    }
+
+    /// The boot id `addr` last reported to this client, if any.
+    pub(crate) fn boot_of(&self, addr: &str) -> Option<u64> {
+        match self.inner.boots.lock() {
+            Ok(g) => g.get(addr).copied(),
+            Err(p) => p.into_inner().get(addr).copied(),
+        }
+    }
+
+    /// Notes the boot id `addr` reported.
+    pub(crate) fn saw_boot(&self, addr: &str, boot: u64) {
+        let mut g = match self.inner.boots.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.insert(addr.to_string(), boot);
+    }
+
+    /// One `SyncDisk` to `addr` (every write it applied before is durable
+    /// on return): the boot id it reports, noted ([`Client::saw_boot`]).
+    pub(crate) async fn sync_disk(&self, addr: &str) -> Result<u64, Failed> {
+        match self.inner.pool.call(addr, &Request::SyncDisk, Bytes::new()).await {
+            Ok((Reply::Boot { boot }, _)) => {
+                self.saw_boot(addr, boot);
+                Ok(boot)
+            }
+            Ok((other, _)) => {
+                let e = format!("{addr} answered a sync with {other:?}");
+                Err(Failed::new(Next::Fail(ClientError::Invalid(e.clone())), e))
+            }
+            Err(e) => Err(Failed::of(&e)),
+        }
     }
 
     pub(crate) async fn permit(&self) -> Result<OwnedSemaphorePermit, ClientError> {

@@ -13,11 +13,10 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use blizzard_env::{BoxStream, Env};
-use blizzard_proto::{
-    decode_response, DecodeError, ErrorReply, FrameHeader, FrameKind, Opcode, Reply, Request,
-};
+use blizzard_proto::{DecodeError, ErrorReply, FrameHeader, FrameKind};
 
 use crate::frame_io::{read_frame, write_queued, Outgoing, ReadFrameError};
+use crate::protocol::{Blob, Protocol};
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum RpcError {
@@ -43,13 +42,13 @@ impl RpcError {
     }
 }
 
-type ReplySlot = oneshot::Sender<Result<(Reply, Bytes), RpcError>>;
+type ReplySlot<P> = oneshot::Sender<Result<(<P as Protocol>::Reply, Bytes), RpcError>>;
 
-struct Shared {
+struct Shared<P: Protocol> {
     addr: String,
     /// Ordered, so failing them all wakes callers in the same order on
     /// every run (the simulator replays runs exactly).
-    pending: Mutex<BTreeMap<u64, ReplySlot>>,
+    pending: Mutex<BTreeMap<u64, ReplySlot<P>>>,
     closed: AtomicBool,
     next_id: AtomicU64,
     /// The reader task, stopped when the connection is given up on (its
@@ -57,8 +56,8 @@ struct Shared {
     reader: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, ReplySlot>> {
+impl<P: Protocol> Shared<P> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, ReplySlot<P>>> {
         match self.pending.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -77,37 +76,45 @@ impl Shared {
 /// Most frames queued for the writer task before callers wait.
 const SEND_QUEUE_MAX: usize = 256;
 
-/// One multiplexed connection. Cheap to clone.
-#[derive(Clone)]
-pub struct RpcConn {
-    shared: Arc<Shared>,
+/// One multiplexed connection carrying protocol `P`. Cheap to clone.
+pub struct Conn<P: Protocol> {
+    shared: Arc<Shared<P>>,
     tx: mpsc::Sender<Outgoing>,
 }
 
+impl<P: Protocol> Clone for Conn<P> {
+    fn clone(&self) -> Self {
+        Conn { shared: self.shared.clone(), tx: self.tx.clone() }
+    }
+}
+
+/// A connection carrying the blob protocol.
+pub type RpcConn = Conn<Blob>;
+
 /// Removes a pending entry if its caller stops waiting (timeout, cancel).
-struct PendingGuard<'a> {
-    shared: &'a Shared,
+struct PendingGuard<'a, P: Protocol> {
+    shared: &'a Shared<P>,
     id: u64,
 }
 
-impl Drop for PendingGuard<'_> {
+impl<P: Protocol> Drop for PendingGuard<'_, P> {
     fn drop(&mut self) {
         self.shared.lock().remove(&self.id);
     }
 }
 
-impl RpcConn {
+impl<P: Protocol> Conn<P> {
     /// Dials `addr` through the env and starts the connection's tasks.
-    pub async fn connect(env: &Env, addr: &str) -> Result<RpcConn, RpcError> {
+    pub async fn connect(env: &Env, addr: &str) -> Result<Conn<P>, RpcError> {
         let stream = env
             .connect(addr)
             .await
             .map_err(|e| RpcError::Connect { addr: addr.to_string(), message: e.to_string() })?;
-        Ok(RpcConn::new(stream, addr.to_string()))
+        Ok(Conn::new(stream, addr.to_string()))
     }
 
     /// Wraps an established stream.
-    pub fn new(stream: BoxStream, addr: String) -> RpcConn {
+    pub fn new(stream: BoxStream, addr: String) -> Conn<P> {
         let shared = Arc::new(Shared {
             addr,
             pending: Mutex::new(BTreeMap::new()),
@@ -120,7 +127,7 @@ impl RpcConn {
         tokio::spawn(writer_task(wr, rx, shared.clone()));
         let reader = tokio::spawn(reader_task(rd, shared.clone()));
         *shared.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(reader.abort_handle());
-        RpcConn { shared, tx }
+        Conn { shared, tx }
     }
 
     /// Gives the connection up: every waiting call fails and later ones
@@ -143,18 +150,37 @@ impl RpcConn {
 
     /// Sends `req` with `data` and waits for its reply. Remote errors come
     /// back as `RpcError::Remote`.
-    pub async fn call(&self, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
+    pub async fn call(&self, req: &P::Request, data: Bytes) -> Result<(P::Reply, Bytes), RpcError> {
+        self.call_pieces(req, data, Vec::new()).await
+    }
+
+    /// [`Conn::call`] whose data part is `data` then each of `more`, sent
+    /// from their own buffers (no joining copy). Their total must fit a
+    /// frame (`FRAME_DATA_MAX`).
+    pub async fn call_pieces(
+        &self,
+        req: &P::Request,
+        data: Bytes,
+        more: Vec<Bytes>,
+    ) -> Result<(P::Reply, Bytes), RpcError> {
         if self.is_closed() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let meta = req.encode();
+        let meta = P::encode_request(req);
+        let data_len = data.len() + more.iter().map(Bytes::len).sum::<usize>();
+        if data_len > blizzard_core::limits::FRAME_DATA_MAX as usize {
+            return Err(RpcError::Decode {
+                addr: self.shared.addr.clone(),
+                error: DecodeError::BadValue { field: "request data length", value: data_len as u64 },
+            });
+        }
         let header = FrameHeader {
             kind: FrameKind::Request,
-            opcode: req.opcode() as u16,
+            opcode: P::opcode(req),
             request_id: id,
             meta_len: meta.len() as u32,
-            data_len: data.len() as u32,
+            data_len: data_len as u32,
             meta_crc: blizzard_core::crc::crc32c(&meta),
         };
         let (slot, wait) = oneshot::channel();
@@ -165,7 +191,7 @@ impl RpcConn {
         if self.is_closed() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
-        if self.tx.send(Outgoing { header, meta, data }).await.is_err() {
+        if self.tx.send(Outgoing { header, meta, data, more }).await.is_err() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
         match wait.await {
@@ -179,9 +205,9 @@ impl RpcConn {
         &self,
         env: &Env,
         timeout: std::time::Duration,
-        req: &Request,
+        req: &P::Request,
         data: Bytes,
-    ) -> Result<(Reply, Bytes), RpcError> {
+    ) -> Result<(P::Reply, Bytes), RpcError> {
         match env.timeout(timeout, self.call(req, data)).await {
             Ok(r) => r,
             // No reply in time: the stream may be stuck for good (a path
@@ -196,12 +222,16 @@ impl RpcConn {
     }
 }
 
-async fn writer_task(wr: tokio::io::WriteHalf<BoxStream>, rx: mpsc::Receiver<Outgoing>, shared: Arc<Shared>) {
+async fn writer_task<P: Protocol>(
+    wr: tokio::io::WriteHalf<BoxStream>,
+    rx: mpsc::Receiver<Outgoing>,
+    shared: Arc<Shared<P>>,
+) {
     write_queued(wr, rx).await;
     shared.fail_all();
 }
 
-async fn reader_task(rd: tokio::io::ReadHalf<BoxStream>, shared: Arc<Shared>) {
+async fn reader_task<P: Protocol>(rd: tokio::io::ReadHalf<BoxStream>, shared: Arc<Shared<P>>) {
     // Buffered: a small reply's parts arrive in one read system call.
     let mut rd = tokio::io::BufReader::with_capacity(crate::frame_io::READ_BUFFER, rd);
     loop {
@@ -231,16 +261,14 @@ async fn reader_task(rd: tokio::io::ReadHalf<BoxStream>, shared: Arc<Shared>) {
             // The caller gave up (timeout); the reply is dropped.
             continue;
         };
-        let res = match Opcode::from_u16(frame.header.opcode) {
+        let res = match P::decode_response(frame.header.opcode, &frame.meta) {
             None => Err(RpcError::Decode {
                 addr: shared.addr.clone(),
                 error: DecodeError::BadValue { field: "opcode", value: frame.header.opcode as u64 },
             }),
-            Some(op) => match decode_response(op, &frame.meta) {
-                Err(error) => Err(RpcError::Decode { addr: shared.addr.clone(), error }),
-                Ok(Err(reply)) => Err(RpcError::Remote { addr: shared.addr.clone(), reply }),
-                Ok(Ok(reply)) => Ok((reply, frame.data)),
-            },
+            Some(Err(error)) => Err(RpcError::Decode { addr: shared.addr.clone(), error }),
+            Some(Ok(Err(reply))) => Err(RpcError::Remote { addr: shared.addr.clone(), reply }),
+            Some(Ok(Ok(reply))) => Ok((reply, frame.data)),
         };
         let _ = slot.send(res);
     }

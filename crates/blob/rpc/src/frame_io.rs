@@ -98,11 +98,14 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// A frame queued for a connection's writer task.
+/// A frame queued for a connection's writer task. Its data part is `data`
+/// followed by each of `more` (pieces that live in separate buffers, sent
+/// as they are rather than joined first).
 pub(crate) struct Outgoing {
     pub header: FrameHeader,
     pub meta: Bytes,
     pub data: Bytes,
+    pub more: Vec<Bytes>,
 }
 
 /// Writes queued frames until the queue closes or the stream fails.
@@ -113,6 +116,11 @@ pub(crate) async fn write_queued<W: AsyncWrite + Unpin>(wr: W, mut rx: mpsc::Rec
     while let Some(out) = rx.recv().await {
         if write_frame(&mut w, &out.header, &out.meta, &out.data).await.is_err() {
             return;
+        }
+        for piece in &out.more {
+            if w.write_all(piece).await.is_err() {
+                return;
+            }
         }
         if rx.is_empty() && w.flush().await.is_err() {
             return;

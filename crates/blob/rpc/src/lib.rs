@@ -1,4 +1,5 @@
-//! Connections that carry the blob protocol. A [`RpcConn`] multiplexes many
+//! Connections that carry blizzard's protocols (the blob store's, the
+//! replicated runtime's: [`Protocol`]). A [`Conn`] multiplexes many
 //! requests over one stream (request ids, replies in any order); [`serve`]
 //! runs a [`Service`] behind a listener, one task per request, with bounded
 //! memory per connection. Streams come from the env seam, so the same code
@@ -6,10 +7,12 @@
 
 mod conn;
 mod frame_io;
+mod protocol;
 mod server;
 mod session;
 
-pub use conn::{RpcConn, RpcError};
+pub use conn::{Conn, RpcConn, RpcError};
 pub use frame_io::{read_frame, write_frame, Frame, ReadFrameError};
+pub use protocol::{Blob, Protocol};
 pub use server::{serve, serve_conn, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle};
 pub use session::{Caller, Sessions, SESSIONS_MAX};

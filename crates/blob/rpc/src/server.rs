@@ -17,24 +17,24 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 use blizzard_env::{BoxStream, Env, Listener};
-use blizzard_proto::{
-    encode_response, ErrorCode, ErrorReply, FrameHeader, FrameKind, Opcode, Reply, Request,
-};
+use blizzard_proto::{ErrorCode, ErrorReply, FrameHeader, FrameKind};
 
 use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError, READ_BUFFER};
+use crate::protocol::{Blob, Protocol};
 use crate::session::{Caller, Sessions};
 
-/// A request handler. Each call runs as its own task.
-pub trait Service: Send + Sync + 'static {
+/// A request handler for protocol `P` (the blob protocol unless named).
+/// Each call runs as its own task.
+pub trait Service<P: Protocol = Blob>: Send + Sync + 'static {
     /// Handles one request; returns the reply and its data part. `caller`
     /// says whether the connection it came on is still its client's newest
     /// (see `session`): a change must not be applied otherwise.
     fn call(
         self: Arc<Self>,
-        req: Request,
+        req: P::Request,
         data: Bytes,
         caller: Caller,
-    ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)>;
+    ) -> BoxFuture<'static, (Result<P::Reply, ErrorReply>, Bytes)>;
 }
 
 #[derive(Clone, Debug)]
@@ -145,10 +145,10 @@ impl ServerTasks {
 }
 
 /// Accepts connections on `listener` until shutdown.
-pub async fn serve(
+pub async fn serve<P: Protocol>(
     env: Env,
     listener: Box<dyn Listener>,
-    service: Arc<dyn Service>,
+    service: Arc<dyn Service<P>>,
     limits: ServerLimits,
     mut shutdown: Shutdown,
 ) {
@@ -180,8 +180,13 @@ pub async fn serve(
     }
 }
 
-fn reply_frame(request_id: u64, opcode: u16, res: &Result<Reply, ErrorReply>, data: Bytes) -> Outgoing {
-    let meta = encode_response(res);
+fn reply_frame<P: Protocol>(
+    request_id: u64,
+    opcode: u16,
+    res: &Result<P::Reply, ErrorReply>,
+    data: Bytes,
+) -> Outgoing {
+    let meta = P::encode_response(res);
     Outgoing {
         header: FrameHeader {
             kind: FrameKind::Response,
@@ -193,20 +198,21 @@ fn reply_frame(request_id: u64, opcode: u16, res: &Result<Reply, ErrorReply>, da
         },
         meta,
         data,
+        more: Vec::new(),
     }
 }
 
-fn error_frame(request_id: u64, opcode: u16, code: ErrorCode, message: String) -> Outgoing {
-    reply_frame(request_id, opcode, &Err(ErrorReply::new(code, message)), Bytes::new())
+fn error_frame<P: Protocol>(request_id: u64, opcode: u16, code: ErrorCode, message: String) -> Outgoing {
+    reply_frame::<P>(request_id, opcode, &Err(ErrorReply::new(code, message)), Bytes::new())
 }
 
 /// Serves one connection until the peer leaves, the stream breaks, the
 /// stream becomes unframed, or shutdown.
-pub async fn serve_conn(
+pub async fn serve_conn<P: Protocol>(
     env: Env,
     stream: BoxStream,
     peer: String,
-    service: Arc<dyn Service>,
+    service: Arc<dyn Service<P>>,
     limits: ServerLimits,
     mut shutdown: Shutdown,
     sessions: Arc<Sessions>,
@@ -233,7 +239,7 @@ pub async fn serve_conn(
             Ok(h) if h.kind == FrameKind::Request => h,
             Ok(h) => {
                 let _ = tx
-                    .send(error_frame(
+                    .send(error_frame::<P>(
                         h.request_id,
                         h.opcode,
                         ErrorCode::BadFrame,
@@ -244,7 +250,7 @@ pub async fn serve_conn(
             }
             Err(ReadFrameError::BadHeader(e)) => {
                 tracing::debug!(%peer, error = %e, "unframed input; closing");
-                let _ = tx.send(error_frame(0, 0, ErrorCode::BadFrame, e.to_string())).await;
+                let _ = tx.send(error_frame::<P>(0, 0, ErrorCode::BadFrame, e.to_string())).await;
                 break;
             }
             Err(_) => break,
@@ -260,8 +266,9 @@ pub async fn serve_conn(
         let frame = match env.timeout(limits.frame_body_timeout, read_body(&mut rd, header)).await {
             Ok(Ok(f)) => f,
             Ok(Err(ReadFrameError::BadMeta { request_id, opcode, error })) => {
-                let _ =
-                    tx.send(error_frame(request_id, opcode, ErrorCode::BadFrame, error.to_string())).await;
+                let _ = tx
+                    .send(error_frame::<P>(request_id, opcode, ErrorCode::BadFrame, error.to_string()))
+                    .await;
                 continue;
             }
             Ok(Err(_)) => break,
@@ -271,37 +278,41 @@ pub async fn serve_conn(
             }
         };
         let (id, opcode) = (header.request_id, header.opcode);
-        let Some(op) = Opcode::from_u16(opcode) else {
-            let _ = tx
-                .send(error_frame(
-                    id,
-                    opcode,
-                    ErrorCode::UnknownOpcode,
-                    format!("unknown opcode {opcode:#06x}"),
-                ))
-                .await;
-            continue;
-        };
-        let req = match Request::decode(op, &frame.meta) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = tx.send(error_frame(id, opcode, ErrorCode::BadRequest, format!("{op:?}: {e}"))).await;
+        let req = match P::decode_request(opcode, &frame.meta) {
+            Some(Ok(r)) => r,
+            None => {
+                let _ = tx
+                    .send(error_frame::<P>(
+                        id,
+                        opcode,
+                        ErrorCode::UnknownOpcode,
+                        format!("unknown opcode {opcode:#06x}: the peer speaks another blizzard protocol (is the address right?)"),
+                    ))
+                    .await;
+                continue;
+            }
+            Some(Err(e)) => {
+                let _ = tx
+                    .send(error_frame::<P>(
+                        id,
+                        opcode,
+                        ErrorCode::BadRequest,
+                        format!("opcode {opcode:#06x}: {e}"),
+                    ))
+                    .await;
                 continue;
             }
         };
         // Handled here, in order: every later request on this connection
         // runs under the epoch it names.
-        if let Request::Hello { session: s, epoch } = req {
+        if let Some((s, epoch, reply)) = P::session_hello(&req) {
             sessions.hello(s, epoch);
             session = Some((s, epoch));
-            let _ = tx.send(reply_frame(id, opcode, &Ok(Reply::Done), Bytes::new())).await;
+            let _ = tx.send(reply_frame::<P>(id, opcode, &Ok(reply), Bytes::new())).await;
             continue;
         }
-        // A read's reply will hold `len` bytes; reserve them before running it.
-        let reply_bytes = match &req {
-            Request::ReadTract { len, .. } => (*len).min(FRAME_DATA_MAX),
-            _ => 0,
-        };
+        // A read's reply will hold its bytes; reserve them before running it.
+        let reply_bytes = P::reply_bytes(&req).min(FRAME_DATA_MAX);
         let Ok(reply_permit) = bytes.clone().acquire_many_owned(reply_bytes).await else {
             break;
         };
@@ -310,7 +321,7 @@ pub async fn serve_conn(
         let caller = Caller::new(session, sessions.clone());
         tokio::spawn(async move {
             let (res, data) = service.call(req, frame.data, caller).await;
-            let _ = tx.send(reply_frame(id, opcode, &res, data)).await;
+            let _ = tx.send(reply_frame::<P>(id, opcode, &res, data)).await;
             drop((req_permit, frame_permit, reply_permit));
         });
     }

@@ -42,7 +42,7 @@ use blizzard_proto::{
 use blizzard_rpc::Shutdown;
 
 use crate::service::{decode_meta, store_err, TractService};
-use crate::store::Durability;
+use crate::store::{Durability, StoreError};
 
 /// Tracts one newcomer copies at once, over all the rows it fills. Each
 /// holds up to a tract in memory; recovery's parallelism comes mostly from
@@ -388,17 +388,31 @@ impl TractService {
             .filter(|i| bitmap[(*i / 8) as usize] & (1 << (i % 8)) != 0)
             .collect();
         // Read runs of present chunks (one read each), verified by the store.
+        // A chunk this server cannot read (torn by a power loss, or rot the
+        // scrubber has not repaired) is first healed from another complete
+        // member, as a partial write would heal it: otherwise a newcomer,
+        // which copies only from here, would wait for this tract forever
+        // (and a volume reconciling it with it), while the row's other
+        // members hold it readable.
+        let mut heals = 0;
         let mut i = 0;
         while i < present.len() {
             let mut n = 1;
             while i + n < present.len() && present[i + n] == present[i] + n as u32 {
                 n += 1;
             }
-            let (b, c) = self
-                .store
-                .read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE)
-                .await
-                .map_err(store_err)?;
+            let read =
+                self.store.read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE).await;
+            let (b, c) = match read {
+                Err(e @ StoreError::Corrupt { chunk, .. }) if heals < present.len() => {
+                    heals += 1;
+                    if self.heal_chunk(t.blob, inc, t.tract, chunk).await {
+                        continue;
+                    }
+                    return Err(store_err(e));
+                }
+                r => r.map_err(store_err)?,
+            };
             data.extend_from_slice(&b);
             crcs.extend(c);
             i += n;

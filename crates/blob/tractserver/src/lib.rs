@@ -12,7 +12,6 @@
 //! replicas), `metrics` (the Prometheus view), `server` (start-up,
 //! heartbeats, the entry point).
 
-pub mod commit;
 pub mod fence;
 pub mod fill;
 pub mod layout;

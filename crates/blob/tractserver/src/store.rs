@@ -14,6 +14,10 @@
 //! - In memory, a slot's `(data, chunk entries)` change together under the
 //!   slot's write lock, so readers never see a CRC that does not belong to
 //!   the bytes beside it.
+//! - Memory describes the disk: what a restart would read (after a failed
+//!   disk write too), or, where it cannot know, it does not answer (an
+//!   unsettled chunk is read by the next digest; a disk whose failed write
+//!   could not be read back answers no digest at all).
 //!
 //! Recovery cases at open (each logged):
 //!
@@ -33,12 +37,20 @@
 //! | chunk bytes match the entry's previous CRC | the write was cut off before its data: old contents |
 //! | chunk bytes match neither CRC             | `Corrupt` (client reads another replica) |
 //! | overwrite entry (previous CRC kept)       | unsettled: the first digest reads the bytes; memory takes the CRC they match |
+//! | a partial overwrite torn by power loss (entry new, bytes mixed in its range) | `Corrupt`; the same write again merges into the raw bytes to the entry's CRC and makes it whole (`write_with`); any other partial write is refused |
 //!
 //! A process killed in the middle of a write leaves every chunk old or new:
 //! first writes put data before the chunk entry, overwrites put the entry
 //! (with the previous CRC) before the data (see `write`). Power loss can
 //! reorder the page cache's writes; a chunk torn that way reads as
 //! `Corrupt` and the client uses another replica (design 0002).
+//!
+//! A write or trim the disk fails part-way (EIO, ENOSPC: any prefix of its
+//! pieces stored) while the server lives on: memory takes what the disk
+//! holds, read back (`undo_failed_write`), so that it still says what a
+//! restart would read; a digest answers from memory, and replicas are
+//! reconciled on it. If it cannot be read back, the disk is distrusted
+//! (writes, syncs and digests refused) until a restart.
 
 use std::collections::HashMap;
 use std::io;
@@ -54,11 +66,11 @@ use blizzard_core::reconcile::ChunkState;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_env::{Clock, Disk};
 
-use crate::commit::GroupCommit;
 use crate::layout::{
     decode_positions, encode_positions, ChunkEntry, Layout, LayoutError, SlotEntry, SlotRecord,
     CHUNK_ENTRY_LEN, POSITIONS_SLOT_LEN, SLOT_ENTRY_LEN, SUPERBLOCK_LEN,
 };
+use blizzard_env::GroupCommit;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -579,24 +591,39 @@ impl Store {
     /// Makes memory describe the disk again after a failed `write_at` (EIO,
     /// ENOSPC on a device that filled up), which may have stored any prefix
     /// of the write's pieces: data of first-written chunks, then the chunk
-    /// entries, then data of overwritten chunks, then the slot entry.
+    /// entries (themselves perhaps only in part), then data of overwritten
+    /// chunks, then the slot entry (if it changed).
     ///
-    /// - The slot entry is last, so it is not on disk: memory takes back the
-    ///   entry it had (a fresh slot is given back, a new incarnation's
-    ///   generation is dropped with the chunks it had). `max_generation`
-    ///   stays raised: entries of that generation may be on disk and must
-    ///   never count for a later one.
-    /// - A first-written chunk stays as memory had it: its new entry may be
-    ///   on disk, with its data before it, which a restart then reads; until
-    ///   then the old view is as good, since the write was not acknowledged.
-    /// - An overwritten chunk is read back: if it holds the new bytes (its
-    ///   entry, stored before them, is on disk too) memory takes the new
-    ///   entry, else keeps the old one. The next overwrite stores the CRC
-    ///   memory holds as the chunk's previous CRC, and it must match what is
-    ///   on disk, or a crash in that overwrite would leave the chunk
-    ///   unreadable. (Bytes matching neither, a short write, read as
-    ///   corrupt until the scrubber repairs them from another replica; the
-    ///   chunk is unsettled meanwhile, so a digest reads it too.)
+    /// Memory must say what a restart would read (and a digest reports
+    /// memory): keeping the old view because the write was not
+    /// acknowledged is not enough. Replicas are reconciled on what digests
+    /// report, and a later restart of this server would read the disk and
+    /// bring the unacknowledged write back on this replica alone. So what
+    /// the write may have stored is read back and taken as open would take
+    /// it:
+    ///
+    /// - The slot entry (only if the write changed it), last of the write:
+    ///   if it is not there, memory takes back the entry it had (a fresh
+    ///   slot is given back, a new incarnation's generation is dropped with
+    ///   the chunks it had); if it is, memory keeps the new one (a fresh
+    ///   slot stays this tract's). `max_generation` stays raised either
+    ///   way: entries of that generation may be on disk and must never
+    ///   count for a later one.
+    /// - The entries of every chunk the write covered, from the disk, each
+    ///   settled against the bytes beside it ([`settle`]): a first write's
+    ///   entry on disk means its data is there too (the data went first);
+    ///   an overwrite's entry went before its data, so the bytes say
+    ///   whether they are new or old; an entry the write did not reach is
+    ///   the one memory had. Bytes matching nothing the entry accepts (a
+    ///   short write; a new incarnation's data over an entry of the old
+    ///   one) leave the chunk unsettled: a digest reads it (`Unreadable`),
+    ///   and the scrubber or a repair replaces it.
+    ///
+    /// If that cannot be read (a disk failing reads too), memory cannot
+    /// know what a restart would find, and no digest may answer for it: the
+    /// disk is distrusted as after a failed `fdatasync` (every write, trim,
+    /// sync and digest refused, [`Store::distrust`]); a restart rebuilds
+    /// memory from whatever the disk then holds.
     #[allow(clippy::too_many_arguments)]
     async fn undo_failed_write(
         &self,
@@ -604,41 +631,130 @@ impl Store {
         g: &mut SlotState,
         (blob, tract): (BlobId, TractNo),
         fresh: bool,
+        entry_dirty: bool,
         entry_before: SlotEntry,
         chunks_before: Option<(Vec<ChunkEntry>, ChunkSet)>,
         first_chunk: u32,
-        new_entries: &[ChunkEntry],
+        chunks: u32,
     ) {
-        if fresh {
-            self.give_back(slot, g, blob, tract);
-            return;
-        }
-        g.entry = entry_before;
-        if let Some((chunks, unsettled)) = chunks_before {
-            g.chunks = chunks;
-            g.unsettled = unsettled;
-            return;
-        }
-        for (i, e) in new_entries.iter().enumerate() {
-            let chunk = first_chunk + i as u32;
-            let overwrite = e.prev_generation == e.generation && e.generation != 0;
-            if !overwrite {
-                continue;
-            }
-            let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
-            let now = self.disk.read_at(at, CHUNK_SIZE as usize).await.ok().map(|b| crc32c(&b));
-            let old = g.chunks.get(chunk as usize).map(|c| c.crc);
-            if now == Some(e.crc) {
-                if let Some(c) = g.chunks.get_mut(chunk as usize) {
-                    *c = *e;
-                }
-                g.unsettled.remove(chunk);
-            } else if now.is_some() && now == old {
-                g.unsettled.remove(chunk);
+        let meant = g.entry;
+        let read = async {
+            let record = if entry_dirty {
+                let b =
+                    self.disk.read_at(self.layout.slot_entry_offset(slot), SLOT_ENTRY_LEN as usize).await?;
+                Some(SlotEntry::decode(&b))
             } else {
-                g.unsettled.insert(chunk);
+                None
+            };
+            let back = self.read_back(slot, first_chunk, chunks).await?;
+            Ok::<_, io::Error>((record, back))
+        }
+        .await;
+        let stored = match &read {
+            // Unchanged by the write: on disk as in memory.
+            Ok((None, _)) => Some(true),
+            Ok((Some(SlotRecord::Valid(e)), _)) => Some(*e == meant),
+            // Not the new entry (a fresh slot's previous state).
+            Ok((Some(SlotRecord::Blank), _)) => Some(false),
+            // Half-written: a restart would quarantine the slot.
+            Ok((Some(SlotRecord::Damaged), _)) | Err(_) => None,
+        };
+        if stored != Some(true) {
+            if fresh {
+                self.give_back(slot, g, blob, tract);
+            } else {
+                g.entry = entry_before;
+                if let Some((chunks, unsettled)) = chunks_before {
+                    g.chunks = chunks;
+                    g.unsettled = unsettled;
+                }
             }
         }
+        match (stored, read) {
+            (Some(_), Ok((_, (entries, data)))) => {
+                if g.entry.used && !(fresh && stored == Some(false)) {
+                    take_from_disk(g, first_chunk, &entries, &data);
+                }
+            }
+            (_, read) => {
+                let why = match read {
+                    Err(e) => format!("reading it back failed: {e}"),
+                    Ok(_) => "its slot entry is damaged on disk".to_string(),
+                };
+                self.distrust(slot, &why);
+            }
+        }
+    }
+
+    /// [`Store::undo_failed_write`] for a trim: its chunk entries, the data
+    /// of its partial chunks, then (if it left the tract empty) the slot
+    /// entry marked free. A freed slot entry on disk frees the slot in
+    /// memory too; otherwise memory takes the chunk entries and bytes there.
+    async fn undo_failed_trim(
+        &self,
+        slot: u32,
+        g: &mut SlotState,
+        (blob, tract): (BlobId, TractNo),
+        freeing: bool,
+        first_chunk: u32,
+        chunks: u32,
+    ) {
+        let read = async {
+            let record = if freeing {
+                let b =
+                    self.disk.read_at(self.layout.slot_entry_offset(slot), SLOT_ENTRY_LEN as usize).await?;
+                Some(SlotEntry::decode(&b))
+            } else {
+                None
+            };
+            let back = self.read_back(slot, first_chunk, chunks).await?;
+            Ok::<_, io::Error>((record, back))
+        }
+        .await;
+        match read {
+            Ok((Some(SlotRecord::Valid(e)), _)) if e == SlotEntry { used: false, ..g.entry } => {
+                g.entry.used = false;
+                g.reset_chunks(Vec::new());
+                let mut ix = self.index();
+                ix.map.remove(&(blob, tract));
+                ix.free.push(slot);
+            }
+            Ok((Some(SlotRecord::Valid(e)), (entries, data))) if e == g.entry => {
+                take_from_disk(g, first_chunk, &entries, &data)
+            }
+            Ok((None, (entries, data))) => take_from_disk(g, first_chunk, &entries, &data),
+            Ok(_) => self.distrust(slot, "its slot entry is neither the old nor the freed one on disk"),
+            Err(e) => self.distrust(slot, &format!("reading it back failed: {e}")),
+        }
+    }
+
+    /// For a store that can no longer tell what its disk holds in `slot`:
+    /// memory could disagree with what a restart reads, so nothing may be
+    /// answered or changed from it any more. The disk is marked failed, as
+    /// after a failed `fdatasync`: writes, trims, syncs and digests are
+    /// refused until the server restarts and reads the disk afresh.
+    fn distrust(&self, slot: u32, why: &str) {
+        tracing::error!(
+            slot,
+            why,
+            "after a failed disk write, memory may no longer describe the disk; refusing changes and digests until restarted"
+        );
+        self.commit.poison();
+    }
+
+    /// Chunk entries `first..first + n` of a slot and the data of those
+    /// chunks, as the disk holds them now.
+    async fn read_back(&self, slot: u32, first: u32, n: u32) -> io::Result<(Vec<ChunkEntry>, Bytes)> {
+        let table = self
+            .disk
+            .read_at(self.layout.chunk_entry_offset(slot, first), (n as u64 * CHUNK_ENTRY_LEN) as usize)
+            .await?;
+        let entries = table.chunks_exact(CHUNK_ENTRY_LEN as usize).map(ChunkEntry::decode).collect();
+        let data = self
+            .disk
+            .read_at(self.layout.data_offset_of(slot, first * CHUNK_SIZE), (n * CHUNK_SIZE) as usize)
+            .await?;
+        Ok((entries, data))
     }
 
     /// Reads an unsettled chunk's bytes and settles memory to them
@@ -799,44 +915,113 @@ impl Store {
                 }
             }
         };
-        for ((s, e), &crc) in pieces(offset, len).zip(crcs) {
-            let abs = offset + s as u32;
-            let chunk = abs / CHUNK_SIZE;
-            let old = g.chunks.get(chunk as usize).copied().unwrap_or_default();
-            let overwrite = old.generation == generation && generation != 0;
-            if e - s == CHUNK_SIZE as usize {
-                run = match run {
-                    Some((ow, rs, re)) if re == s && ow == overwrite => Some((ow, rs, e)),
-                    r => {
-                        flush_run(r, &mut first, &mut over);
-                        Some((overwrite, s, e))
-                    }
-                };
-                // The previous CRC must be the bytes' own: for an unsettled
-                // chunk only the disk knows it.
-                let prev = if overwrite && g.unsettled.contains(chunk) {
-                    self.settle_from_disk(slot, &mut g, chunk).await?.unwrap_or(old.crc)
-                } else {
-                    old.crc
-                };
-                new_entries.push(entry(crc, overwrite.then_some(prev)));
-            } else {
-                let (old_bytes, old_crc) = self.read_chunk_verified(slot, &g, chunk).await?;
+        // Nothing is on the disk yet: a refusal here (a chunk that cannot
+        // be merged, a failed read) puts memory back as it was.
+        let built = async {
+            for ((s, e), &crc) in pieces(offset, len).zip(crcs) {
+                let abs = offset + s as u32;
+                let chunk = abs / CHUNK_SIZE;
+                let old = g.chunks.get(chunk as usize).copied().unwrap_or_default();
+                let overwrite = old.generation == generation && generation != 0;
+                if e - s == CHUNK_SIZE as usize {
+                    run = match run {
+                        Some((ow, rs, re)) if re == s && ow == overwrite => Some((ow, rs, e)),
+                        r => {
+                            flush_run(r, &mut first, &mut over);
+                            Some((overwrite, s, e))
+                        }
+                    };
+                    // The previous CRC must be the bytes' own: for an
+                    // unsettled chunk only the disk knows it.
+                    let prev = if overwrite && g.unsettled.contains(chunk) {
+                        self.settle_from_disk(slot, &mut g, chunk).await?.unwrap_or(old.crc)
+                    } else {
+                        old.crc
+                    };
+                    new_entries.push(entry(crc, overwrite.then_some(prev)));
+                    continue;
+                }
                 let at = (abs % CHUNK_SIZE) as usize;
-                // Merge into a buffer aligned for direct I/O.
-                let mut merged = blizzard_env::aligned_buffer(CHUNK_SIZE as usize);
-                merged.extend_from_slice(&old_bytes[..at]);
-                merged.extend_from_slice(&data[s..e]);
-                merged.extend_from_slice(&old_bytes[at + (e - s)..]);
-                let merged_crc = crc32c(&merged);
+                // Merged into a buffer aligned for direct I/O.
+                let merge = |old_bytes: &[u8]| {
+                    let mut merged = blizzard_env::aligned_buffer(CHUNK_SIZE as usize);
+                    merged.extend_from_slice(&old_bytes[..at]);
+                    merged.extend_from_slice(&data[s..e]);
+                    merged.extend_from_slice(&old_bytes[at + (e - s)..]);
+                    merged
+                };
+                let (merged, new_entry) = match self.read_chunk_verified(slot, &g, chunk).await {
+                    Ok((old_bytes, old_crc)) => {
+                        let merged = merge(&old_bytes);
+                        let crc = crc32c(&merged);
+                        (merged, entry(crc, overwrite.then_some(old_crc)))
+                    }
+                    // A torn chunk: the bytes match neither CRC its entry
+                    // accepts. Power loss cut off a partial write into it
+                    // (cached, or waiting for its group commit) whose entry
+                    // reached the disk and whose data reached it only in
+                    // part, sector by sector. That write stored the whole
+                    // merged chunk: outside its range the very bytes that
+                    // were there before (which both CRCs of the entry
+                    // agree on there), inside it a mix of old and new. Its
+                    // writer, whose sync failed, now writes the same range
+                    // again: merged into the raw bytes, the request
+                    // replaces the whole mixed part, so the result is
+                    // exactly the chunk the cut-off write meant to leave,
+                    // which is what the entry's current CRC describes. The
+                    // CRC is then the test: a match proves the bytes
+                    // outside the range right too (as far as any stored
+                    // chunk is proved by its CRC), and makes the chunk
+                    // whole again; anything else (another write, bytes
+                    // rotted outside the range) still cannot be merged.
+                    // With one replica nothing else could ever repair it
+                    // (`heal_chunk` has no complete replica to copy from),
+                    // and the retried write, acknowledged to a fast-ack
+                    // volume's user, could never complete. The entry stays
+                    // as it is (it already names these bytes), written
+                    // again before them like any overwrite's: cut off once
+                    // more, the chunk is as torn as it was.
+                    Err(StoreError::Corrupt { .. }) if overwrite => {
+                        let at_disk = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
+                        let raw = self.disk.read_at(at_disk, CHUNK_SIZE as usize).await?;
+                        let merged = merge(&raw);
+                        if crc32c(&merged) != old.crc {
+                            // Memory no longer vouches for these bytes: the
+                            // next digest reads them (`Unreadable`).
+                            g.unsettled.insert(chunk);
+                            return Err(StoreError::Corrupt { slot, chunk });
+                        }
+                        tracing::info!(
+                            slot,
+                            chunk,
+                            "a torn chunk is made whole by the write it was cut off in"
+                        );
+                        (merged, old)
+                    }
+                    Err(e) => return Err(e),
+                };
                 let w = (self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze());
                 if overwrite {
                     over.push(w);
                 } else {
                     first.push(w);
                 }
-                new_entries.push(entry(merged_crc, overwrite.then_some(old_crc)));
+                new_entries.push(new_entry);
             }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = built {
+            if fresh {
+                self.give_back(slot, &mut g, blob, tract);
+            } else {
+                g.entry = entry_before;
+                if let Some((chunks, unsettled)) = chunks_before {
+                    g.chunks = chunks;
+                    g.unsettled = unsettled;
+                }
+            }
+            return Err(e);
         }
         flush_run(run, &mut first, &mut over);
         debug_assert_eq!(new_entries.len(), piece_count(offset, len));
@@ -861,10 +1046,11 @@ impl Store {
                 &mut g,
                 (blob, tract),
                 fresh,
+                entry_dirty,
                 entry_before,
                 chunks_before,
                 first_chunk,
-                &new_entries,
+                new_entries.len() as u32,
             )
             .await;
             return Err(e.into());
@@ -1033,6 +1219,11 @@ impl Store {
         tract: TractNo,
     ) -> Result<Vec<ChunkState>, StoreError> {
         self.stats.digests.fetch_add(1, Ordering::Relaxed);
+        // A failed disk's memory may say what no restart would read (writes
+        // a failed `fdatasync` dropped, a failed write not read back).
+        if self.commit.failed() {
+            return Err(StoreError::Failed);
+        }
         let Some(slot) = self.index().map.get(&(blob, tract)).copied() else { return Ok(Vec::new()) };
         let Some(cell) = self.slots.get(slot as usize) else { return Ok(Vec::new()) };
         let mut g = cell.write().await;
@@ -1287,14 +1478,20 @@ impl Store {
             let freed = SlotEntry { used: false, ..g.entry };
             writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&freed.encode())));
         }
-        // Memory changes only once the disk has it all. After a failed
-        // write it keeps the old view: the new entries may be on disk, but
-        // an unacknowledged trim may read either way, and an overwritten
-        // chunk's data, written after its entry, is then still the old one
-        // that memory's CRC describes (see `undo_failed_write`).
-        {
+        // Memory changes only once the disk has it all. A failed write may
+        // have stored any prefix of it (entries, then partial chunks' data,
+        // then the freed slot entry): memory then takes what the disk holds,
+        // as after a failed write (`undo_failed_write` says why keeping the
+        // old view is not enough).
+        let written = {
             let _slot = self.writers.acquire().await;
-            self.disk.write_at(writes).await?;
+            self.disk.write_at(writes).await
+        };
+        if let Err(e) = written {
+            tracing::error!(slot, error = %e, "tract trim failed");
+            self.undo_failed_trim(slot, &mut g, (blob, tract), empty, first_chunk, new_entries.len() as u32)
+                .await;
+            return Err(e.into());
         }
         if empty {
             g.entry.used = false;
@@ -1423,6 +1620,24 @@ async fn measure_write_speed(
     disk.sync().await?;
     let secs = clock.now().duration_since(start).as_secs_f64();
     Ok(if secs > 0.0 { ((at as f64 / 1e6) / secs).min(u32::MAX as f64) as u32 } else { 0 })
+}
+
+/// Makes memory hold the chunk entries `entries` of chunks `first..`, read
+/// from the disk with the chunks' bytes `data`, as open and a first digest
+/// would take them: an entry that counts (the slot's generation) is
+/// settled against its bytes ([`settle`]), one that does not is a hole.
+fn take_from_disk(g: &mut SlotState, first: u32, entries: &[ChunkEntry], data: &[u8]) {
+    let gen = g.entry.generation;
+    for (i, (d, bytes)) in entries.iter().zip(data.chunks_exact(CHUNK_SIZE as usize)).enumerate() {
+        let chunk = first + i as u32;
+        let Some(c) = g.chunks.get_mut(chunk as usize) else { continue };
+        *c = *d;
+        if d.generation == gen && gen != 0 {
+            settle(g, chunk, crc32c(bytes));
+        } else {
+            g.unsettled.remove(chunk);
+        }
+    }
 }
 
 /// What a written chunk whose bytes have CRC `crc` holds, making memory
@@ -1627,6 +1842,247 @@ mod tests {
             Env::real().timeout(std::time::Duration::from_secs(10), put(&s, 1, 1, 0, 0, &new)).await;
         assert!(matches!(written, Ok(Ok(()))), "a write after the failed trim and delete: {written:?}");
         assert!(get(&s, 1, 1, 0, 0, TRACT).await? == new, "the write after the failed trim and delete");
+        Ok(())
+    }
+
+    /// A disk that runs out of space: once armed, the next `write_at`
+    /// stores its first `keep` pieces whole and the first `cut` bytes of
+    /// the next one, then fails with ENOSPC (the server lives on). A piece
+    /// below `whole_below` (a slot entry: one sector) is never cut. While
+    /// `reads_fail`, every read fails.
+    struct FullDisk {
+        inner: Arc<dyn Disk>,
+        armed: std::sync::atomic::AtomicBool,
+        keep: usize,
+        cut: usize,
+        whole_below: AtomicU64,
+        reads_fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl FullDisk {
+        fn new(inner: Arc<dyn Disk>, keep: usize, cut: usize) -> Arc<FullDisk> {
+            Arc::new(FullDisk {
+                inner,
+                armed: false.into(),
+                keep,
+                cut,
+                whole_below: AtomicU64::new(0),
+                reads_fail: false.into(),
+            })
+        }
+        fn arm(&self) {
+            self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Disk for FullDisk {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read_at(
+            &self,
+            offset: u64,
+            len: usize,
+        ) -> futures::future::BoxFuture<'static, std::io::Result<Bytes>> {
+            if self.reads_fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Box::pin(async { Err(std::io::Error::other("injected read error")) });
+            }
+            self.inner.read_at(offset, len)
+        }
+        fn write_at(
+            &self,
+            writes: Vec<(u64, Bytes)>,
+        ) -> futures::future::BoxFuture<'static, std::io::Result<()>> {
+            if !self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                return self.inner.write_at(writes);
+            }
+            let mut kept: Vec<(u64, Bytes)> = writes.iter().take(self.keep).cloned().collect();
+            if let Some((at, d)) = writes.get(self.keep) {
+                if self.cut > 0 && *at >= self.whole_below.load(Ordering::SeqCst) {
+                    kept.push((*at, d.slice(..self.cut.min(d.len()))));
+                }
+            }
+            let inner = self.inner.clone();
+            Box::pin(async move {
+                inner.write_at(kept).await?;
+                Err(std::io::Error::from_raw_os_error(28))
+            })
+        }
+        fn sync(&self) -> futures::future::BoxFuture<'static, std::io::Result<()>> {
+            self.inner.sync()
+        }
+    }
+
+    /// What the store says about tracts 3 and 4 of blob 1 at incarnations
+    /// 1 and 2: the tracts held, and the digests once every chunk was read
+    /// (a restart trusts a first write's entry without reading its bytes
+    /// until a read finds them corrupt; memory after a failed write may
+    /// know better).
+    async fn view(s: &Store) -> Result<Vec<String>, StoreError> {
+        let mut v = vec![format!("tracts {:?}", s.tracts())];
+        for tract in [3, 4] {
+            for inc in [1, 2] {
+                for c in 0..TRACT / CHUNK_SIZE {
+                    let _ = s.read(BlobId(1), inc, TractNo(tract), c * CHUNK_SIZE, CHUNK_SIZE).await;
+                }
+                v.push(format!(
+                    "tract {tract} inc {inc}: {:?}",
+                    s.digest(BlobId(1), inc, TractNo(tract)).await?
+                ));
+            }
+        }
+        Ok(v)
+    }
+
+    /// A write or trim the disk fails part-way (ENOSPC after any prefix of
+    /// its pieces, the last one perhaps cut short) while the server lives
+    /// on leaves memory saying what a restart reads: the digests before and
+    /// after a reopen are the same, at every cut. Once, a first-written
+    /// chunk whose data and entry were both stored stayed unwritten in
+    /// memory: the replicas were reconciled on that view, and a restart
+    /// brought the unacknowledged write back on this replica alone.
+    #[tokio::test]
+    async fn a_failed_change_leaves_memory_as_a_restart_reads_it() -> Result<(), StoreError> {
+        let old = pattern(1, TRACT as usize);
+        let new = pattern(2, TRACT as usize);
+        enum Change {
+            /// (tract, incarnation, row version, offset, len)
+            Write(i64, u64, u64, u32, u32),
+            /// (offset, len) of tract 3
+            Trim(u32, u32),
+        }
+        let changes = [
+            // Overwrites: whole chunks, part of one, and overwritten and
+            // first-written chunks at once.
+            Change::Write(3, 1, 1, 0, 16384),
+            Change::Write(3, 1, 1, 4100, 100),
+            Change::Write(3, 1, 1, 12288, 8192 + 40000),
+            // First writes into the tract's slot: whole chunks, part of one.
+            Change::Write(3, 1, 1, 40960, 8192),
+            Change::Write(3, 1, 1, 40960 + 100, 50),
+            // A first write that changes the slot entry (a newer row version).
+            Change::Write(3, 1, 2, 40960, 4096),
+            // A fresh slot, and a new incarnation of the blob.
+            Change::Write(4, 1, 1, 0, 8192),
+            Change::Write(3, 2, 1, 0, 8192),
+            // Trims: whole chunks, partial ones, and the whole tract (the
+            // slot entry freed last).
+            Change::Trim(4096, 8192),
+            Change::Trim(100, 5000),
+            Change::Trim(0, TRACT),
+        ];
+        for (n, change) in changes.iter().enumerate() {
+            for keep in 0..5 {
+                for cut in [0, 16, 4096 + 512] {
+                    let what = format!("change {n} failing after {keep} pieces and {cut} bytes");
+                    let dir = tempfile::tempdir()?;
+                    let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+                    let disk = FullDisk::new(real, keep, cut);
+                    let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+                    disk.whole_below.store(s.layout().chunk_table_offset, Ordering::SeqCst);
+                    put(&s, 1, 1, 3, 0, &old.slice(0..32768)).await?;
+                    disk.arm();
+                    let r = match *change {
+                        Change::Write(tract, inc, version, off, len) => {
+                            let d = new.slice(off as usize..(off + len) as usize);
+                            let crcs = piece_crcs(off, &d);
+                            s.write(BlobId(1), inc, TractNo(tract), version, off, d, &crcs).await
+                        }
+                        Change::Trim(off, len) => s.trim(BlobId(1), 1, TractNo(3), off, len, ALWAYS).await,
+                    };
+                    assert!(r.is_err(), "{what}: not failed");
+                    let live = view(&s).await?;
+                    drop(s);
+                    drop(disk);
+                    let s = reopen(&dir).await?;
+                    assert_eq!(live, view(&s).await?, "{what}: memory before the restart, the disk after");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A failed write whose pieces cannot be read back leaves memory unable
+    /// to say what the disk holds: the store refuses digests (and changes)
+    /// from then on rather than answer from a view a restart could
+    /// contradict.
+    #[tokio::test]
+    async fn a_failed_write_that_cannot_be_read_back_distrusts_the_disk() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir()?;
+        let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+        // The first write's data and its entry are stored, then it fails.
+        let disk = FullDisk::new(real, 2, 0);
+        let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+        put(&s, 1, 1, 3, 0, &pattern(1, 8192)).await?;
+        disk.arm();
+        disk.reads_fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(put(&s, 1, 1, 3, 40960, &pattern(2, 8192)).await.is_err());
+        disk.reads_fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(s.digest(BlobId(1), 1, TractNo(3)).await, Err(StoreError::Failed)));
+        assert!(matches!(put(&s, 1, 1, 3, 0, &pattern(3, 4096)).await, Err(StoreError::Failed)));
+        assert!(matches!(s.sync().await, Err(StoreError::Failed)));
+        // A restart reads the disk afresh: the first write's data and entry
+        // are both there.
+        drop(s);
+        drop(disk);
+        let s = reopen(&dir).await?;
+        assert_eq!(get(&s, 1, 1, 3, 40960, 8192).await?, pattern(2, 8192));
+        Ok(())
+    }
+
+    /// A partial overwrite torn by power loss (its entry stored, its merged
+    /// chunk only in part: the range holds a mix of old and new bytes) leaves
+    /// the chunk `Corrupt`. The writer, whose sync failed, writes the same
+    /// range again: merged into the torn bytes it gives exactly the chunk
+    /// the entry names, so it is accepted and the chunk reads whole again.
+    /// Once, it was refused for good (nothing to merge with), and with one
+    /// replica nothing could heal the chunk: a fast-ack volume retried an
+    /// acknowledged write forever. Another write into the torn chunk is
+    /// still refused.
+    #[tokio::test]
+    async fn a_torn_partial_write_is_completed_by_the_same_write_again() -> Result<(), StoreError> {
+        let old = pattern(1, 4 * CHUNK_SIZE as usize);
+        // Bytes 400..700 of chunk 1: across its first two sectors.
+        let off = CHUNK_SIZE + 400;
+        let w = pattern(2, 300);
+        let dir = tempfile::tempdir()?;
+        let real = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
+        // The overwrite's pieces: its chunk entry, then the merged chunk, of
+        // which only the first sector lands.
+        let disk = FullDisk::new(real, 1, 512);
+        let s = Store::format(disk.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
+        put(&s, 1, 1, 3, 0, &old).await?;
+        disk.arm();
+        assert!(put(&s, 1, 1, 3, off, &w).await.is_err(), "the write was cut off");
+        drop(s);
+        drop(disk);
+        let s = reopen(&dir).await?;
+        assert!(
+            matches!(
+                get(&s, 1, 1, 3, CHUNK_SIZE, CHUNK_SIZE).await,
+                Err(StoreError::Corrupt { chunk: 1, .. })
+            ),
+            "the torn chunk reads as corrupt"
+        );
+        // Other writes into the torn chunk cannot be merged.
+        for (o, d) in [(off, pattern(3, 300)), (off, pattern(2, 299)), (CHUNK_SIZE + 1000, pattern(4, 10))] {
+            let r = put(&s, 1, 1, 3, o, &d).await;
+            assert!(matches!(r, Err(StoreError::Corrupt { chunk: 1, .. })), "{o} +{}: {r:?}", d.len());
+        }
+        // The cut-off write again completes it.
+        put(&s, 1, 1, 3, off, &w).await?;
+        let mut want = old.to_vec();
+        want[off as usize..off as usize + w.len()].copy_from_slice(&w);
+        assert_eq!(get(&s, 1, 1, 3, 0, 4 * CHUNK_SIZE).await?, want);
+        let d = s.digest(BlobId(1), 1, TractNo(3)).await?;
+        assert_eq!(d[1], ChunkState::Data(chunk_crc(&want, 1)));
+        // And the chunk takes other writes again, and all of it survives a
+        // restart.
+        put(&s, 1, 1, 3, CHUNK_SIZE + 1000, &pattern(4, 10)).await?;
+        want[CHUNK_SIZE as usize + 1000..CHUNK_SIZE as usize + 1010].copy_from_slice(&pattern(4, 10));
+        drop(s);
+        let s = reopen(&dir).await?;
+        assert_eq!(get(&s, 1, 1, 3, 0, 4 * CHUNK_SIZE).await?, want);
         Ok(())
     }
 

@@ -1,4 +1,5 @@
-//! Group commit: many writers, one `fdatasync`.
+//! Group commit: many writers, one `fdatasync` (a tractserver's tract
+//! writes, the replicated runtime's log appends).
 //!
 //! A writer calls [`GroupCommit::sync`] after its `pwrite`s completed. The
 //! first caller to find no sync running starts one that covers every ticket
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use blizzard_env::Disk;
+use crate::Disk;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct State {
@@ -58,6 +59,13 @@ impl GroupCommit {
 
     pub fn failed(&self) -> bool {
         self.lock().failed
+    }
+
+    /// Marks the disk untrusted, as a failed `fdatasync` does: every later
+    /// sync fails. For a store that can no longer tell what its disk holds.
+    pub fn poison(&self) {
+        self.lock().failed = true;
+        self.changed.notify_waiters();
     }
 
     /// Returns once every write completed before this call is durable.
@@ -127,7 +135,7 @@ impl GroupCommit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use blizzard_env::Clock;
+    use crate::Clock;
     use bytes::Bytes;
     use futures::future::BoxFuture;
     use futures::FutureExt;
@@ -155,7 +163,7 @@ mod tests {
             let fail = self.fail;
             async move {
                 // The real clock on tokio's paused test time: virtual 10 ms.
-                blizzard_env::RealClock.sleep(Duration::from_millis(10)).await;
+                crate::RealClock.sleep(Duration::from_millis(10)).await;
                 if fail {
                     Err(io::Error::other("injected EIO"))
                 } else {
