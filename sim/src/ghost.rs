@@ -28,6 +28,13 @@
 //! fence admits them (the dead client never reconnected, so its last
 //! connection is its newest): only the writer fence (`tractserver::fence`)
 //! keeps them out once the successor has claimed the blob.
+//!
+//! Any request, any protocol ([`Ghosts::any_requests`]). The replicated
+//! runtime's members and clients keep their connections open, so a copy
+//! is made while the connection lives: any request frame (an append, a
+//! vote, a snapshot chunk, a client's submit or read) may be sent once
+//! more, 1 ms to 2 s later, on a connection of its own, as a network that
+//! duplicates and delays messages would deliver it. Its reply is dropped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -47,10 +54,20 @@ use blizzard_proto::{ErrorCode, FrameHeader, FrameKind, Opcode, HEADER_LEN};
 /// Frames bigger than this are not kept for replay (keeps memory small).
 const FRAME_KEEP_MAX: usize = 1 << 20;
 
+/// Which requests come back (module header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Copies {
+    /// The blob protocol: a dropped connection's `Hello` and last change.
+    BlobChanges,
+    /// Any request frame of any protocol, while the connection lives.
+    AnyRequest,
+}
+
 /// How a host's connections are duplicated, shared by its connections.
 #[derive(Clone)]
 pub struct Ghosts {
     rng: Arc<Mutex<SmallRng>>,
+    copies: Copies,
     /// One in this many dropped client connections comes back as a ghost
     /// (0: none do; a crashed host's connections are still kept, see
     /// [`Ghosts::crash_begin`]).
@@ -108,6 +125,7 @@ impl Ghosts {
     pub fn new(rng: SmallRng, one_in: u32) -> Ghosts {
         Ghosts {
             rng: Arc::new(Mutex::new(rng)),
+            copies: Copies::BlobChanges,
             one_in: one_in.max(1),
             sent: Arc::default(),
             lives: Arc::default(),
@@ -117,6 +135,14 @@ impl Ghosts {
             late_sent: Arc::default(),
             late_fenced: Arc::default(),
         }
+    }
+
+    /// Ghosts of any protocol: one request frame in `one_in` (0: none) is
+    /// sent again, 1 ms to 2 s later, on a connection of its own (module
+    /// header). [`Ghosts::crashed`] still drops copies bound for a server
+    /// that restarted since.
+    pub fn any_requests(rng: SmallRng, one_in: u32) -> Ghosts {
+        Ghosts { copies: Copies::AnyRequest, one_in, ..Ghosts::new(rng, one_in) }
     }
 
     /// The same ghosts (shared counters, lives and random stream), with
@@ -229,6 +255,12 @@ impl GhostStream {
                 return;
             }
             let frame: Vec<u8> = self.pending.drain(..len).collect();
+            if self.ghosts.copies == Copies::AnyRequest {
+                if header.kind == FrameKind::Request {
+                    self.maybe_copy(frame);
+                }
+                continue;
+            }
             if self.hello.is_none() {
                 if Opcode::from_u16(header.opcode) != Some(Opcode::Hello) {
                     self.off = true;
@@ -244,6 +276,47 @@ impl GhostStream {
             }
         }
     }
+}
+
+impl GhostStream {
+    /// [`Copies::AnyRequest`]: sends `frame` again, later, now and then.
+    #[allow(clippy::disallowed_methods, reason = "the simulated network's delays are simulated time")]
+    fn maybe_copy(&self, frame: Vec<u8>) {
+        let one_in = self.ghosts.one_in;
+        if one_in == 0 || !self.ghosts.draw(|r| r.random_ratio(1, one_in)) {
+            return;
+        }
+        let delay = Duration::from_millis(self.ghosts.draw(|r| r.random_range(1..2000)));
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let (addr, ghosts, life) = (self.addr.clone(), self.ghosts.clone(), self.life);
+        rt.spawn(async move {
+            tokio::time::sleep(delay).await;
+            if ghosts.life(&addr) != life {
+                return;
+            }
+            let Ok(mut s) = TcpStream::connect(addr.as_str()).await else { return };
+            if s.write_all(&frame).await.is_err() {
+                return;
+            }
+            ghosts.sent.fetch_add(1, Ordering::Relaxed);
+            drain_replies(&mut s).await;
+        });
+    }
+}
+
+/// Reads (and drops) a ghost connection's replies until the server is
+/// done with it.
+#[allow(clippy::disallowed_methods, reason = "the simulated network's delays are simulated time")]
+async fn drain_replies(s: &mut TcpStream) {
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(n) = s.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 impl Drop for GhostStream {
@@ -280,16 +353,7 @@ impl Drop for GhostStream {
                 return;
             }
             ghosts.sent.fetch_add(1, Ordering::Relaxed);
-            // Read (and drop) the replies until the server is done with it.
-            let mut buf = [0u8; 4096];
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-            })
-            .await;
+            drain_replies(&mut s).await;
         });
     }
 }

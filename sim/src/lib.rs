@@ -19,12 +19,17 @@
 //!   model ([`FaultConfig`], [`CrashReport`]).
 //! - [`net`]: [`SimNet`], turmoil TCP behind the `Net` trait, addressed by
 //!   host name (`"ts1:7000"`).
-//! - [`ghost`]: late duplicates of dropped connections' requests, and late
-//!   requests of crashed clients ([`Ghosts`]).
+//! - [`ghost`]: late duplicates of dropped connections' requests (blob
+//!   protocol) or of any request frame (the runtime's), and late requests
+//!   of crashed clients ([`Ghosts`]).
 //! - [`volume_client`]: hosts running a replicated volume that the harness
 //!   crashes mid-write; replica agreement and the crash checker's contract
 //!   after every recovery.
 //! - [`cluster`]: the whole cluster under chaos ([`run_blob_sim`]).
+//! - [`linearizable`]: a linearizability checker for key-value histories ([`linearizable::check`]).
+//! - [`runtime`]: the replicated runtime's members under chaos, with
+//!   linearizability, exactly-once and replica-agreement checks
+//!   ([`run_runtime_sim`]).
 //!
 //! Determinism rules for code under simulation: reach time, randomness,
 //! sockets and disks only through `Env`; never use `spawn_blocking` (a
@@ -36,7 +41,9 @@ pub mod cluster;
 pub mod disk;
 pub mod env;
 pub mod ghost;
+pub mod linearizable;
 pub mod net;
+pub mod runtime;
 pub mod volume_client;
 
 use std::io;
@@ -49,6 +56,7 @@ pub use env::{
 };
 pub use ghost::Ghosts;
 pub use net::SimNet;
+pub use runtime::{run_runtime_sim, RuntimePlant, RuntimeSimConfig, RuntimeSimReport};
 
 /// What the simulated world refuses, precisely. The `Env` traits speak
 /// `io::Error`, so each variant converts to one with the matching

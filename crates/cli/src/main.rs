@@ -18,6 +18,8 @@ use blizzard_proto::ClusterStatus;
 use blizzard_tractserver::TractServerConfig;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, VolumeSpec};
 
+mod kv;
+
 // Tract-sized buffers come and go constantly; mimalloc keeps freed ones for
 // reuse instead of handing them back to the kernel to be faulted in again.
 #[global_allocator]
@@ -241,6 +243,12 @@ enum Cmd {
         volume: String,
         #[arg(long)]
         log: PathBuf,
+    },
+    /// A replica group of the replicated runtime (Raft) serving an ordered
+    /// map, priority queues and a graph, and its client commands.
+    Kv {
+        #[command(subcommand)]
+        cmd: kv::KvCmd,
     },
 }
 
@@ -586,6 +594,7 @@ async fn run(cli: Cli) -> Result<()> {
                 bail!("writing the event log {}: {e}", log.display());
             }
         }
+        Cmd::Kv { cmd } => kv::run(env, cmd).await?,
         Cmd::CrashcheckVerify { meta, volume, log } => {
             let text = std::fs::read_to_string(&log)
                 .with_context(|| format!("cannot read the event log {}", log.display()))?;
