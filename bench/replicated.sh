@@ -6,7 +6,7 @@
 #
 # 1. 3-way 4 KiB random writes at QD1 and QD32 (write-through, then
 #    fast-ack), through NBD against a fresh `blizzard up` (bench/row.sh),
-#    BEFORE and AFTER alternately, ROUNDS times each: the median IOPS and
+#    BEFORE and AFTER alternately in ABBA order, ROUNDS times each: the median IOPS and
 #    server CPU per write of each, and AFTER/BEFORE.
 # 2. Recovery after a crash with 256 writes in flight (AFTER only): fio
 #    writes 4 KiB at random over 1 GiB at QD256 for CRASH_AFTER seconds,
@@ -47,8 +47,13 @@ if [[ " $PARTS " == *" 1 "* ]]; then
         for qd in 1 32; do
             : > /tmp/replicated.before
             : > /tmp/replicated.after
-            for _ in $(seq "$ROUNDS"); do
-                for which in before after; do
+            for round in $(seq "$ROUNDS"); do
+                # ABBA: the second run of a pair starts while the first
+                # one's files are still being written back and freed, so
+                # the order turns every other round.
+                order="before after"
+                [ $((round % 2)) = 0 ] && order="after before"
+                for which in $order; do
                     bin=$BEFORE
                     [ "$which" = after ] && bin=$AFTER
                     line=$(BIN=$bin MODE=$mode REPL=3 RW=randwrite BS=4k QD=$qd RUNTIME=$RUNTIME DROP=0 \
