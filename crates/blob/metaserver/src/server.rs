@@ -24,7 +24,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use rand::seq::IndexedRandom;
 use rand::SeedableRng;
 
 use blizzard_core::limits::{tract_size_valid, NAME_LEN_MAX, REPLICATION_MAX};
@@ -33,12 +32,13 @@ use blizzard_core::TsId;
 use blizzard_env::{Env, Instant};
 use blizzard_proto::{
     AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat,
-    HeartbeatAction, HeartbeatReply, MemberStatus, PendingMember, Reply, Request, RowRef,
+    HeartbeatAction, HeartbeatReply, MemberStatus, Reply, Request,
 };
 use blizzard_rpc::{
     serve, Caller, RpcConn, RpcError, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
 };
 
+use crate::plan::{self, assignment_for, assignment_is_stale, Filling, Member, RowChange, Rules, View};
 use crate::tlt_builder::{build_rows, row_counts, BuildParams, BuilderMember};
 
 #[derive(Clone, Debug)]
@@ -108,70 +108,6 @@ pub enum MetaError {
     BadChange(String),
     #[error("tractserver {id} did not accept its new assignment: {error}")]
     AssignFailed { id: TsId, error: RpcError },
-}
-
-#[derive(Clone, Debug)]
-struct Member {
-    addr: String,
-    domain: String,
-    last_heartbeat: Instant,
-    slots_total: u64,
-    slots_used: u64,
-    load: u32,
-    disk_mbps: u32,
-    reported: Option<Assignment>,
-    /// Rows the member says it has finished copying, and its progress.
-    filled: Vec<RowRef>,
-    fill: FillProgress,
-}
-
-/// Whether a member's stored assignment `a` lets it serve what the table
-/// `t` no longer gives it: a row at an older version than the table's, or
-/// a row the table no longer has it in. (A newer version is a change being
-/// pushed, not yet served: fine.)
-fn assignment_is_stale(t: &Tlt, id: TsId, a: &Assignment) -> bool {
-    if a.cluster_id != t.cluster_id {
-        return false;
-    }
-    let me = t.member_index(id);
-    a.rows.iter().any(|r| match t.rows.get(r.row as usize) {
-        Some(cur) => {
-            r.version < cur.version || (r.version == cur.version && !me.is_some_and(|i| holds(cur, i)))
-        }
-        None => true,
-    })
-}
-
-/// Whether a member's stored assignment `a` lacks a row the table `t`
-/// gives it. A metadata server rebuilt after a restart takes each row from
-/// its newest report, which can be a change whose round failed part-way:
-/// a member it names may never have stored it (and then holds an
-/// assignment without the row), so it must be given its assignment.
-fn assignment_lacks_rows(t: &Tlt, id: TsId, a: &Assignment) -> bool {
-    let Some(me) = t.member_index(id) else { return false };
-    a.cluster_id == t.cluster_id
-        && t.rows.iter().enumerate().any(|(i, r)| holds(r, me) && !a.rows.iter().any(|x| x.row as usize == i))
-}
-
-/// Whether member `i` holds row `r`, as a member or a pending member.
-fn holds(r: &TltRow, i: u32) -> bool {
-    r.members.contains(&i) || r.pending.iter().any(|p| p.member == i)
-}
-
-/// Members still copying, per row.
-type Filling = BTreeMap<usize, BTreeSet<TsId>>;
-
-/// A row's new membership in one TLT change.
-struct RowChange {
-    row: usize,
-    members: Vec<TsId>,
-    filling: BTreeSet<TsId>,
-    /// Pending entries (column, newcomer), cluster growth (FDS §3.4).
-    pending: Vec<(u8, TsId)>,
-    /// Membership changed: the row gets a new version. Only the filling
-    /// set changing (a newcomer finished copying) needs none: clients
-    /// write to every member alike either way.
-    bump: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -577,34 +513,6 @@ impl MetaServer {
         Ok((Arc::new(tlt), filling))
     }
 
-    fn assignment_for(tlt: &Tlt, filling: &Filling, id: TsId) -> Assignment {
-        let me = tlt.member_index(id);
-        Assignment {
-            cluster_id: tlt.cluster_id,
-            tract_size: tlt.tract_size,
-            replication: tlt.replication,
-            tlt_len: tlt.rows.len() as u32,
-            tlt_version: tlt.version,
-            rows: tlt
-                .rows
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| me.is_some_and(|m| holds(r, m)))
-                .map(|(i, r)| AssignedRow {
-                    row: i as u32,
-                    version: r.version,
-                    members: r.members.iter().map(|&m| tlt.members[m as usize].id).collect(),
-                    filling: filling.get(&i).map(|f| f.iter().copied().collect()).unwrap_or_default(),
-                    pending: r
-                        .pending
-                        .iter()
-                        .map(|p| PendingMember { column: p.column, id: tlt.members[p.member as usize].id })
-                        .collect(),
-                })
-                .collect(),
-        }
-    }
-
     /// Sends each of `ids` its assignment under `tlt` and waits for all to
     /// store it.
     async fn push_assignments(&self, tlt: &Tlt, filling: &Filling, ids: &[TsId]) -> Result<(), MetaError> {
@@ -615,7 +523,7 @@ impl MetaServer {
                 Some(i) => tlt.members[i as usize].addr.clone(),
                 None => lock(&self.state).members.get(id).map(|m| m.addr.clone()).unwrap_or_default(),
             };
-            let assignment = Self::assignment_for(tlt, filling, *id);
+            let assignment = assignment_for(tlt, filling, *id);
             let req = Request::AssignRows { assignment: assignment.clone() };
             let res = match self.conn(&addr).await {
                 Ok(c) => c.call_timeout(&self.env, self.cfg.request_timeout, &req, Bytes::new()).await,
@@ -755,6 +663,10 @@ impl MetaServer {
         }
         t.version = t.version.max(tlt_floor).max(self.version_base) + 1;
         t.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
+        // FDS §3.1's invariant, checked rather than trusted: a refused
+        // change is logged and retried next round, never served.
+        plan::check_change(cur, &t, &floors, tlt_floor)
+            .map_err(|e| MetaError::BadChange(format!("invariant violated, change not served: {e}")))?;
         {
             let mut st = lock(&self.state);
             st.row_version_floor.extend(bumped);
@@ -776,16 +688,12 @@ impl MetaServer {
         Ok(t)
     }
 
-    /// One recovery round (FDS §3.2), the same for a single, concurrent or
-    /// cascading failure: declare silent members dead; give returning ones
-    /// their current assignment; in every row naming a dead member, put a
-    /// live member in its place (random among the least loaded, counting
-    /// rows it copies to or from in this round; never two in one failure
-    /// domain) that then copies the row from the row's complete members;
-    /// and mark rows whose newcomers finished copying.
+    /// One recovery round (FDS §3.2; the cases are `plan`'s): snapshot
+    /// the view, plan, apply the plan's member states, commit its row
+    /// changes and settle its members in one assignment round, log.
     async fn recover(&self) -> Result<(), MetaError> {
         let now = self.env.now();
-        let (cur, members, filling, ready_since) = {
+        let (cur, members, filling, dead, ready_since) = {
             let mut st = lock(&self.state);
             let Some(cur) = st.tlt.clone() else { return Ok(()) };
             // Rounds start every half heartbeat interval after the last one
@@ -795,320 +703,77 @@ impl MetaServer {
                 tracing::warn!("metadata server was stalled; restarting every member's silence clock");
                 st.ready_since = Some(now);
             }
-            (cur, st.members.clone(), st.filling.clone(), st.ready_since.unwrap_or(now))
+            (cur, st.members.clone(), st.filling.clone(), st.dead.clone(), st.ready_since.unwrap_or(now))
         };
-        let age = |id: &TsId| {
-            let last = members.get(id).map_or(ready_since, |m| m.last_heartbeat.max(ready_since));
-            now.duration_since(last)
-        };
-
-        // Deaths and returns.
-        let known: BTreeSet<TsId> = cur.members.iter().map(|m| m.id).chain(members.keys().copied()).collect();
-        let returned: Vec<TsId> = {
-            let mut st = lock(&self.state);
-            for id in &known {
-                if age(id) >= self.cfg.dead_after && st.dead.insert(*id) {
-                    tracing::error!(%id, silent_ms = age(id).as_millis() as u64, "tractserver declared dead");
-                }
-            }
-            st.dead.iter().copied().filter(|id| age(id) < self.cfg.dead_after / 2).collect()
-        };
-        // A member back from the dead, or reporting rows at versions older
-        // than the table's or rows it no longer holds (it came back while
-        // this metadata server was restarting, after they were given away),
-        // is told to stop serving by its heartbeats until it has stored its
-        // current assignment. It gets one in a table version above any
-        // handed out before (`commit` with no row changes pushes it to every
-        // unsettled member), so no older push still in flight can replace it.
-        // A member whose assignment lacks rows the table gives it (see
-        // `assignment_lacks_rows`) is given its assignment the same way.
-        // So is a member holding an assignment from a round this table never
-        // served (a predecessor's, reported after the rebuild): the versions
-        // it holds are raised above, so no (row, version) is handed out
-        // twice with different members.
-        let stale: Vec<TsId> = {
-            let mut st = lock(&self.state);
-            let mut out = Vec::new();
-            for (id, m) in &members {
-                let none = Assignment { cluster_id: cur.cluster_id, ..Assignment::default() };
-                let ahead = |a: &Assignment| {
-                    a.tlt_version > cur.version
-                        || a.rows
-                            .iter()
-                            .any(|r| cur.rows.get(r.row as usize).is_some_and(|c| r.version > c.version))
-                };
-                let out_of_step = match &m.reported {
-                    Some(a) if a.cluster_id == cur.cluster_id && ahead(a) => {
-                        st.tlt_version_floor = st.tlt_version_floor.max(a.tlt_version);
-                        for r in &a.rows {
-                            let f = st.row_version_floor.entry(r.row as usize).or_default();
-                            *f = (*f).max(r.version);
-                        }
-                        true
-                    }
-                    Some(a) => assignment_is_stale(&cur, *id, a) || assignment_lacks_rows(&cur, *id, a),
-                    // Never stored an assignment: one only if the table
-                    // names it (see `assignment_lacks_rows`).
-                    None => assignment_lacks_rows(&cur, *id, &none),
-                };
-                if out_of_step && !st.dead.contains(id) {
-                    out.push(*id);
-                }
-            }
-            out
-        };
-        let cur = if returned.is_empty() && stale.is_empty() {
-            cur
-        } else {
-            {
-                let mut st = lock(&self.state);
-                for id in returned.iter().chain(&stale) {
-                    st.dead.remove(id);
-                    st.unsettled.insert(*id);
-                }
-            }
-            let t = self.commit(&cur, &[]).await?;
-            for id in &returned {
-                let rows = Self::assignment_for(&t, &filling, *id).rows.len();
-                tracing::info!(%id, rows, "declared-dead tractserver is back and holds its current assignment");
-            }
-            for id in &stale {
-                tracing::info!(%id, "gave a tractserver with a stale assignment its current one");
-            }
-            t
-        };
-        let dead = lock(&self.state).dead.clone();
-        let domain_of = |id: &TsId| -> String {
-            members
-                .get(id)
-                .map(|m| m.domain.clone())
-                .or_else(|| cur.member_index(*id).map(|i| cur.members[i as usize].domain.clone()))
-                .unwrap_or_else(|| id.to_string())
-        };
-        let live: Vec<TsId> = members
-            .keys()
-            .copied()
-            .filter(|id| !dead.contains(id) && age(id) < self.cfg.dead_after / 2)
-            .collect();
-        let mut rows_held: HashMap<TsId, usize> = HashMap::new();
-        for r in &cur.rows {
-            for &m in &r.members {
-                *rows_held.entry(cur.members[m as usize].id).or_default() += 1;
-            }
-        }
-        // Each replaced row is copied from its first complete member (see
-        // the tractserver's `fill`), whose disk reads every byte the
-        // newcomer writes. Counting those rows as load too spreads the copy
-        // traffic over every disk: a disk that is already the source of
-        // several rows is not also made a newcomer while others idle.
-        let mut sourcing: HashMap<TsId, usize> = HashMap::new();
-        for (i, row) in cur.rows.iter().enumerate() {
-            let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
-            if !ids.iter().any(|id| dead.contains(id)) {
-                continue;
-            }
-            let fill = filling.get(&i);
-            if let Some(src) =
-                ids.iter().find(|id| !dead.contains(id) && fill.is_none_or(|f| !f.contains(id)))
-            {
-                *sourcing.entry(*src).or_default() += 1;
-            }
-        }
-        // Members copying rows they are pending in are busy: they do not
-        // also take over for failed servers (FDS §3.4).
-        let growing: BTreeSet<TsId> = cur
-            .rows
+        let silent: BTreeMap<TsId, Duration> = members
             .iter()
-            .flat_map(|r| r.pending.iter().map(|p| cur.members[p.member as usize].id))
+            .map(|(id, m)| (*id, now.duration_since(m.last_heartbeat.max(ready_since))))
             .collect();
-        let mut given: HashMap<TsId, usize> = HashMap::new();
+        let view = View {
+            tlt: &cur,
+            members: &members,
+            filling: &filling,
+            dead: &dead,
+            silent: &silent,
+            silence: now.duration_since(ready_since),
+        };
+        let rules =
+            Rules { dead_after: self.cfg.dead_after, recovery: self.cfg.recovery, grow: self.cfg.grow };
         let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
-        let mut changes = Vec::new();
-        let mut stuck = 0usize;
-        for (i, row) in cur.rows.iter().enumerate() {
-            let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
-            let pend: Vec<(u8, TsId)> =
-                row.pending.iter().map(|p| (p.column, cur.members[p.member as usize].id)).collect();
-            let fill = filling.get(&i).cloned().unwrap_or_default();
-            if !ids.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id)) {
-                // Newcomers that finished copying this version of the row:
-                // they say so, or they already hold an assignment that no
-                // longer has them filling it (a clearing round that reached
-                // them but failed elsewhere; they stop reporting the row).
-                let done: BTreeSet<TsId> = fill
-                    .iter()
-                    .copied()
-                    .filter(|id| {
-                        members.get(id).is_some_and(|m| {
-                            m.filled.iter().any(|f| f.row as usize == i && f.version == row.version)
-                                || m.reported.as_ref().is_some_and(|a| {
-                                    a.cluster_id == cur.cluster_id
-                                        && a.rows.iter().any(|r| {
-                                            r.row as usize == i
-                                                && r.version == row.version
-                                                && !r.filling.contains(id)
-                                        })
-                                })
-                        })
-                    })
-                    .collect();
-                if !done.is_empty() {
-                    // A pending member that has copied the row takes its
-                    // column (the second phase of FDS §3.4): a new row
-                    // version, so clients stop writing to the member it
-                    // replaces, which may then free the row's tracts.
-                    let mut new_ids = ids.clone();
-                    for (col, id) in pend.iter().filter(|(_, id)| done.contains(id)) {
-                        new_ids[*col as usize] = *id;
-                    }
-                    let rest: BTreeSet<TsId> = fill.difference(&done).copied().collect();
-                    let bump = new_ids != ids;
-                    let pending = pend.iter().copied().filter(|(_, id)| !done.contains(id)).collect();
-                    changes.push(RowChange { row: i, members: new_ids, filling: rest, pending, bump });
-                }
-                continue;
-            }
-            if !self.cfg.recovery {
-                continue;
-            }
-            // Copies come from complete members only; with none alive the
-            // row waits for one to return (replacing it would lose data).
-            if !ids.iter().any(|id| !dead.contains(id) && !fill.contains(id)) {
-                stuck += 1;
-                continue;
-            }
-            let mut new_ids = ids.clone();
-            let mut new_fill: BTreeSet<TsId> = fill.iter().copied().filter(|id| !dead.contains(id)).collect();
-            // A dead pending member is dropped from the row (FDS §3.4).
-            let mut new_pend: Vec<(u8, TsId)> =
-                pend.iter().copied().filter(|(_, id)| !dead.contains(id)).collect();
-            for col in 0..new_ids.len() {
-                if !dead.contains(&new_ids[col]) {
-                    continue;
-                }
-                // The column's pending member has been taking every write
-                // and copying the row: it takes the column now, still
-                // filling, instead of a newcomer starting from nothing.
-                if let Some(at) = new_pend.iter().position(|(c, _)| *c as usize == col) {
-                    new_ids[col] = new_pend.remove(at).1;
-                    continue;
-                }
-                let taken: BTreeSet<String> = new_ids
-                    .iter()
-                    .enumerate()
-                    .filter(|(c, _)| *c != col)
-                    .map(|(_, id)| domain_of(id))
-                    .collect();
-                let cands: Vec<TsId> = live
-                    .iter()
-                    .copied()
-                    .filter(|id| {
-                        !new_ids.contains(id)
-                            && !new_pend.iter().any(|(_, p)| p == id)
-                            && !growing.contains(id)
-                            && !taken.contains(&domain_of(id))
-                    })
-                    .collect();
-                let load = |id: &TsId| {
-                    let copying =
-                        given.get(id).copied().unwrap_or(0) + sourcing.get(id).copied().unwrap_or(0);
-                    (copying, rows_held.get(id).copied().unwrap_or(0))
-                };
-                let Some(best) = cands.iter().map(load).min() else { continue };
-                let least: Vec<TsId> = cands.into_iter().filter(|id| load(id) == best).collect();
-                let Some(&pick) = least.choose(&mut rng) else { continue };
-                new_ids[col] = pick;
-                new_fill.insert(pick);
-                *given.entry(pick).or_default() += 1;
-            }
-            if new_ids != ids || new_pend != pend {
-                changes.push(RowChange {
-                    row: i,
-                    members: new_ids,
-                    filling: new_fill,
-                    pending: new_pend,
-                    bump: true,
-                });
-            } else {
-                stuck += 1;
-            }
+        let plan = plan::plan(&view, &rules, &mut rng);
+        for (id, silent) in &plan.died {
+            tracing::error!(%id, silent_ms = silent.as_millis() as u64, "tractserver declared dead");
         }
-        // Growth (FDS §3.4), once no row names a dead member: live servers
-        // holding no position take their share of entries, pending first.
-        let degraded =
-            cur.rows.iter().any(|r| r.members.iter().any(|&m| dead.contains(&cur.members[m as usize].id)));
-        if changes.is_empty() && !degraded && self.cfg.grow {
-            let spares = crate::growth::spares(&cur, &live);
-            let moves = crate::growth::plan(&cur, &spares, &|id| domain_of(&id), &mut rng);
-            let mut by_row: BTreeMap<usize, Vec<crate::growth::Move>> = BTreeMap::new();
-            for mv in &moves {
-                by_row.entry(mv.row).or_default().push(*mv);
+        {
+            let mut st = lock(&self.state);
+            st.dead = plan.dead.clone();
+            st.tlt_version_floor = st.tlt_version_floor.max(plan.tlt_floor);
+            for (row, v) in &plan.row_floors {
+                let f = st.row_version_floor.entry(*row).or_default();
+                *f = (*f).max(*v);
             }
-            for (i, mvs) in by_row {
-                let row = &cur.rows[i];
-                let ids: Vec<TsId> = row.members.iter().map(|&m| cur.members[m as usize].id).collect();
-                let mut pending: Vec<(u8, TsId)> =
-                    row.pending.iter().map(|p| (p.column, cur.members[p.member as usize].id)).collect();
-                let mut fill = filling.get(&i).cloned().unwrap_or_default();
-                for mv in mvs {
-                    pending.push((mv.column, mv.newcomer));
-                    fill.insert(mv.newcomer);
-                }
-                changes.push(RowChange { row: i, members: ids, filling: fill, pending, bump: true });
-            }
+            // Settled members get their assignment in this round (`commit`
+            // pushes every unsettled member), in a table version above any
+            // handed out before, so no older push still in flight can
+            // replace it; until then their heartbeats keep them from serving.
+            st.unsettled.extend(plan.settle().copied());
         }
-        if stuck > 0 {
+        if plan.stuck > 0 {
             let mut st = lock(&self.state);
             if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
                 tracing::error!(
-                    rows = stuck,
+                    rows = plan.stuck,
                     "rows name a dead tractserver and cannot be re-replicated (no complete member alive, or no \
                      live tractserver outside the row's failure domains): restart the dead tractservers or add new ones"
                 );
                 st.last_complaint = Some(now);
             }
         }
-        if changes.is_empty() {
+        if !plan.commits() {
             return Ok(());
         }
-        let before = |c: &RowChange| &cur.rows[c.row];
-        let grown = changes.iter().filter(|c| c.pending.len() > before(c).pending.len()).count();
-        let old_ids = |c: &RowChange| -> Vec<TsId> {
-            before(c).members.iter().map(|&m| cur.members[m as usize].id).collect()
-        };
-        let committed = changes
-            .iter()
-            .filter(|c| {
-                let old = old_ids(c);
-                c.members != old && !old.iter().any(|id| dead.contains(id))
-            })
-            .count();
-        let t = self.commit(&cur, &changes).await?;
-        let summary = [
-            (
-                changes.iter().filter(|c| c.bump).count() - grown - committed,
-                "re-replicating rows of dead tractservers",
-            ),
-            (changes.iter().filter(|c| !c.bump).count(), "rows fully replicated again"),
-            (grown, "rows given pending members (cluster growth)"),
-            (committed, "pending members committed: they replace their column's member"),
-        ];
-        for (rows, what) in summary.into_iter().filter(|(n, _)| *n > 0) {
+        let t = self.commit(&cur, &plan.changes).await?;
+        for id in &plan.returned {
+            let filling = lock(&self.state).filling.clone();
+            let rows = assignment_for(&t, &filling, *id).rows.len();
+            tracing::info!(%id, rows, "declared-dead tractserver is back and holds its current assignment");
+        }
+        for id in &plan.stale {
+            tracing::info!(%id, "gave a tractserver with a stale assignment its current one");
+        }
+        for (rows, what) in plan.summary(&cur).into_iter().filter(|(n, _)| *n > 0) {
             tracing::info!(rows, version = t.version, "{what}");
         }
-        if grown > 0 {
-            let ids: BTreeSet<TsId> = changes
-                .iter()
-                .flat_map(|c| c.pending.iter().map(|(_, id)| *id))
-                .filter(|id| {
-                    !cur.rows
-                        .iter()
-                        .any(|r| r.pending.iter().any(|p| cur.members[p.member as usize].id == *id))
-                })
-                .collect();
-            for id in ids {
-                tracing::info!(%id, "tractserver joined the TLT: copying its share of rows (pending)");
-            }
+        let joined: BTreeSet<TsId> = plan
+            .changes
+            .iter()
+            .flat_map(|c| c.pending.iter().map(|(_, id)| *id))
+            .filter(|id| {
+                !cur.rows.iter().any(|r| r.pending.iter().any(|p| cur.members[p.member as usize].id == *id))
+            })
+            .collect();
+        for id in joined {
+            tracing::info!(%id, "tractserver joined the TLT: copying its share of rows (pending)");
         }
         Ok(())
     }
