@@ -7,8 +7,12 @@
 //! applies it once and answers every retry with the first reply
 //! (`machine::session`). The client tells the group which replies it has
 //! (`acked_below`: the lowest number still outstanding), so the group
-//! forgets them; it keeps fewer than `session::REPLIES_MAX` updates
-//! outstanding.
+//! forgets them. The numbers in flight span fewer than half of
+//! `session::REPLIES_MAX` (from the lowest outstanding to the newest): a
+//! session holds the replies of at most that many numbers from its
+//! `acked_below` on, so the reply of an update still being retried is
+//! never dropped to make room for later ones (it would be answered
+//! `ReplyForgotten`, an error, though it applied once).
 //!
 //! Finding the leader: a member that is not the leader answers
 //! `NotLeader` with the leader it knows; the client goes there. A member
@@ -22,7 +26,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::Semaphore;
+use tokio::sync::Notify;
 
 use blizzard_env::Env;
 use blizzard_proto::ErrorCode;
@@ -79,7 +83,14 @@ pub struct Client {
     session: AtomicU64,
     next_seq: AtomicU64,
     outstanding: Mutex<BTreeSet<u64>>,
-    window: Semaphore,
+    /// Woken when the lowest outstanding number moves (`begin` waits).
+    window_moved: Notify,
+}
+
+/// Whether number `next` may be sent while `lowest` is the lowest one
+/// outstanding (module header).
+fn window_admits(lowest: Option<u64>, next: u64) -> bool {
+    next - lowest.unwrap_or(next) < (REPLIES_MAX / 2) as u64
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -110,7 +121,7 @@ impl Client {
             session: AtomicU64::new(0),
             next_seq: AtomicU64::new(1),
             outstanding: Mutex::new(BTreeSet::new()),
-            window: Semaphore::new(REPLIES_MAX / 2),
+            window_moved: Notify::new(),
         }
     }
 
@@ -269,17 +280,27 @@ impl Client {
         if self.session() == 0 {
             self.open_session().await?;
         }
-        let permit = self.window.acquire().await.map_err(|_| ClientError::SessionExpired)?;
-        // Given back in `end`.
-        permit.forget();
-        let seq = self.next_seq.fetch_add(1, Ordering::AcqRel);
-        lock(&self.outstanding).insert(seq);
-        Ok(seq)
+        loop {
+            // Registered before the check, so a move in between wakes it.
+            let moved = self.window_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            {
+                let mut out = lock(&self.outstanding);
+                let next = self.next_seq.load(Ordering::Acquire);
+                if window_admits(out.first().copied(), next) {
+                    self.next_seq.store(next + 1, Ordering::Release);
+                    out.insert(next);
+                    return Ok(next);
+                }
+            }
+            moved.await;
+        }
     }
 
     fn end(&self, seq: u64) {
         lock(&self.outstanding).remove(&seq);
-        self.window.add_permits(1);
+        self.window_moved.notify_waiters();
     }
 
     /// Sends update `seq` (again, if it was sent before). The numbers a
@@ -339,5 +360,41 @@ impl Client {
             out.push((addr.clone(), r));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_spans_fewer_numbers_than_a_session_remembers() {
+        let half = (REPLIES_MAX / 2) as u64;
+        assert!(window_admits(None, 7));
+        assert!(window_admits(Some(5), 5 + half - 1));
+        assert!(!window_admits(Some(5), 5 + half), "one update retried holds back the rest");
+    }
+
+    /// The update that found the window full waits for the lowest
+    /// outstanding one, not merely for any to end.
+    #[tokio::test]
+    #[allow(clippy::disallowed_methods, reason = "a unit test waiting in real time")]
+    async fn a_slow_update_holds_the_window_until_it_ends() {
+        let c = Client::new(&Env::real(), Vec::new(), ClientConfig::default());
+        c.session.store(1, Ordering::Release);
+        let first = c.begin().await.expect("a number");
+        for _ in 1..REPLIES_MAX / 2 {
+            let s = c.begin().await.expect("a number");
+            c.end(s);
+        }
+        let waiting = c.begin();
+        tokio::pin!(waiting);
+        assert!(tokio::time::timeout(Duration::from_millis(50), &mut waiting).await.is_err());
+        c.end(first);
+        let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("admitted once the lowest moved")
+            .expect("a number");
+        assert_eq!(next, first + (REPLIES_MAX / 2) as u64);
     }
 }
