@@ -168,7 +168,7 @@ pub struct Peers {
 }
 
 /// Parses `1=ADDR,2=ADDR,...` into ids and addresses, refusing repeats.
-fn parse_members(s: &str) -> Result<BTreeMap<u64, String>> {
+pub fn parse_members(s: &str) -> Result<BTreeMap<u64, String>> {
     let mut out = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let Some((id, addr)) = part.split_once('=') else {
@@ -383,17 +383,29 @@ async fn query(env: &Env, to: &Peers, q: Query) -> Result<QueryReply> {
 async fn status(env: Env, to: &Peers) -> Result<()> {
     let c = client(&env, to)?;
     let all = c.statuses().await;
+    let reachable = all.iter().filter(|(_, r)| r.is_ok()).count();
+    if !print_members(&all) {
+        bail!(
+            "no member is the leader ({reachable} of {} reachable): a majority must be up to elect one",
+            all.len()
+        );
+    }
+    Ok(())
+}
+
+/// A group's members as a table (state, term, leader, log positions and
+/// each one's lag behind the leader); whether one of them leads. Shared
+/// by `blizzard kv status` and `blizzard status` (metadata replicas).
+pub fn print_members(all: &[(String, Result<blizzard_replicated::proto::Status, String>)]) -> bool {
     println!(
         "{:<4} {:<24} {:<10} {:>6} {:>8} {:>10} {:>10} {:>10} {:>8}",
         "id", "address", "state", "term", "leader", "last log", "committed", "applied", "lag"
     );
     // The leader's view of each follower's progress.
     let leader_view = all.iter().filter_map(|(_, r)| r.as_ref().ok()).find(|s| s.state == "leader").cloned();
-    let mut reachable = 0;
-    for (addr, r) in &all {
+    for (addr, r) in all {
         match r {
             Ok(s) => {
-                reachable += 1;
                 let lag = leader_view.as_ref().and_then(|l| {
                     let m = l.members.iter().find(|(id, _, _)| *id == s.id)?.2;
                     Some(l.last_log.unwrap_or(0).saturating_sub(m.unwrap_or(0)))
@@ -415,13 +427,7 @@ async fn status(env: Env, to: &Peers) -> Result<()> {
             Err(e) => println!("{:<4} {:<24} unreachable: {e}", "?", addr),
         }
     }
-    if leader_view.is_none() {
-        bail!(
-            "no member is the leader ({reachable} of {} reachable): a majority must be up to elect one",
-            all.len()
-        );
-    }
-    Ok(())
+    leader_view.is_some()
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use blizzard_client::{Client, ClientConfig};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::{format_size, parse_size};
 use blizzard_env::Env;
+use blizzard_metaserver::replica::GroupConfig;
 use blizzard_metaserver::server::MetaConfig;
 use blizzard_proto::ClusterStatus;
 use blizzard_tractserver::TractServerConfig;
@@ -84,9 +85,15 @@ enum Cmd {
         /// Size of each tractserver's disk file, allocated on first start.
         #[arg(long, default_value = "2GiB", value_parser = size)]
         disk_size: u64,
-        /// Where the metadata server listens.
+        /// Where the metadata server listens (with several replicas, the
+        /// first; the others take the next ports).
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta_listen: String,
+        /// Metadata replicas (1 or 3 or 5; more than one keeps the table
+        /// and the volume leases in their logs under DATA/meta-N/, and
+        /// survives the loss of a minority of them).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=7))]
+        meta_replicas: u8,
         /// Start everything, check the blob store and the volume, print the
         /// status, and exit.
         #[arg(long)]
@@ -115,10 +122,26 @@ enum Cmd {
         #[arg(long, hide = true, default_value = "none", value_parser = planted)]
         plant: PlantedBug,
     },
-    /// Run a metadata server.
+    /// Run a metadata server, or one replica of the metadata service
+    /// (`--id`, `--peers`, `--data`: three replicas survive the loss of
+    /// any one; every other command then takes `--meta` with all three).
     Meta {
-        #[arg(long, default_value = "127.0.0.1:7700")]
-        listen: String,
+        /// Where to listen (default: this replica's ADDR in --peers, or
+        /// 127.0.0.1:7700 for a single server).
+        #[arg(long)]
+        listen: Option<String>,
+        /// This replica's id: one of the ids in --peers.
+        #[arg(long, requires = "peers")]
+        id: Option<u64>,
+        /// Every replica: ID=ADDR,ID=ADDR,... (the same on every replica;
+        /// each ADDR serves that replica's peers and clients alike).
+        /// Without it, a single server keeps its state in memory and
+        /// rebuilds the table from the tractservers after a restart.
+        #[arg(long, requires_all = ["id", "data"])]
+        peers: Option<String>,
+        /// Where this replica keeps its log and snapshots.
+        #[arg(long)]
+        data: Option<PathBuf>,
         /// Tract size of a new cluster (fixed at creation).
         #[arg(long, default_value = "8MiB", value_parser = size)]
         tract_size: u64,
@@ -328,7 +351,9 @@ fn planted(s: &str) -> Result<PlantedBug, String> {
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // openraft warns on every failed heartbeat to a peer that is down
+        // (twenty a second): its errors only, unless RUST_LOG asks.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
     tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr).init();
 }
 
@@ -395,6 +420,7 @@ async fn run(cli: Cli) -> Result<()> {
             tract_size,
             disk_size,
             meta_listen,
+            meta_replicas,
             check,
             plant,
         } => {
@@ -404,6 +430,7 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
             cfg.disk_size = disk_size;
             cfg.meta_listen = meta_listen;
+            cfg.meta_replicas = meta_replicas as usize;
             // Everything is in this process: its servers reach each other
             // over in-memory pipes, and other processes over unix sockets
             // in the data directory (cheaper than TCP loopback).
@@ -490,6 +517,9 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Meta {
             listen,
+            id,
+            peers,
+            data,
             tract_size,
             replication,
             init_tractservers,
@@ -500,7 +530,27 @@ async fn run(cli: Cli) -> Result<()> {
             no_rebalance,
             metrics,
         } => {
+            let group = match (id, peers, data) {
+                (Some(id), Some(peers), Some(data)) => {
+                    let peers = kv::parse_members(&peers)?;
+                    if !peers.contains_key(&id) {
+                        bail!(
+                            "--id {id} is not one of the ids in --peers ({:?})",
+                            peers.keys().collect::<Vec<_>>()
+                        );
+                    }
+                    Some(GroupConfig { id, peers, data_dir: data, timing: Default::default() })
+                }
+                (None, None, None) => None,
+                _ => bail!("a replica needs --id, --peers and --data together"),
+            };
+            let listen = match (listen, &group) {
+                (Some(l), _) => l,
+                (None, Some(g)) => g.peers[&g.id].clone(),
+                (None, None) => "127.0.0.1:7700".to_string(),
+            };
             let mut cfg = MetaConfig::new(listen);
+            cfg.group = group;
             cfg.grow = !no_rebalance;
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
             cfg.replication = replication;
@@ -512,9 +562,8 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.metrics_listen = metrics;
             cfg.rebuild_grace = cfg.heartbeat_interval * 20;
             let h = blizzard_metaserver::server::start(env, cfg).await?;
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => h.stop().await,
-            }
+            wait_for_stop_signal().await?;
+            h.stop().await;
         }
         Cmd::Tractserver {
             disk,
@@ -609,11 +658,23 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Status { meta, watch } => {
+            let addrs = blizzard_rpc::parse_meta_list(&meta).map_err(anyhow::Error::msg)?;
+            if addrs.len() > 1 {
+                // The replicas' own view (design 0007): who leads, their lag.
+                let cfg = blizzard_replicated::client::ClientConfig {
+                    attempt_timeout: Duration::from_secs(2),
+                    ..Default::default()
+                };
+                let group = blizzard_replicated::client::Client::new(&env, addrs, cfg);
+                println!("metadata replicas:");
+                kv::print_members(&group.statuses().await);
+                println!();
+            }
             let mut cfg = ClientConfig::new(meta.clone());
             cfg.connect_timeout = Duration::from_secs(5);
             let pool_client = Client::connect(env.clone(), cfg)
                 .await
-                .with_context(|| format!("cannot reach the metadata server at {meta}; is it running?"))?;
+                .with_context(|| format!("cannot reach the metadata service at {meta}; is it running, and are a majority of its replicas up?"))?;
             let s = pool_client.cluster_status().await?;
             if watch && !settled(&s) {
                 watch_recovery(&env, &pool_client).await?;

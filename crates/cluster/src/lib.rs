@@ -1,8 +1,10 @@
-//! An embedded cluster: one metadata server and N tractservers in this
-//! process, each tractserver on its own disk file under a data directory,
-//! all on loopback. It is what `blizzard up` runs and what integration
-//! tests stand on. Data survives a restart: the disks keep the tracts and
-//! the TLT positions, and the metadata server rebuilds the table from them.
+//! An embedded cluster: the metadata service (one server, or a group of
+//! replicas) and N tractservers in this process, each tractserver on its
+//! own disk file under a data directory, all on loopback. It is what
+//! `blizzard up` runs and what integration tests stand on. Data survives
+//! a restart: the disks keep the tracts and the TLT positions; a single
+//! metadata server rebuilds the table from them, a group keeps it in its
+//! replicas' logs (`DATA/meta-N/`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use std::time::Duration;
 use blizzard_client::{Client, ClientConfig, ClientError};
 use blizzard_core::limits::TRACT_SIZE_DEFAULT;
 use blizzard_env::Env;
+use blizzard_metaserver::replica::{GroupConfig, Timing};
 use blizzard_metaserver::server::{self as meta, MetaConfig, MetaError, MetaHandle};
 use blizzard_tractserver::{self as ts, TractServerConfig, TractServerError, TractServerHandle};
 
@@ -22,8 +25,12 @@ pub struct ClusterConfig {
     pub tract_size: u32,
     /// Size of each tractserver's disk file, allocated when first created.
     pub disk_size: u64,
-    /// Where the metadata server listens (port 0 picks a free one).
+    /// Where the metadata server listens (port 0 picks a free one). With
+    /// several replicas, replica i listens on the port after replica
+    /// i-1's, or, for port 0, on unix sockets in the data directory.
     pub meta_listen: String,
+    /// Metadata replicas (1: a single server, no group).
+    pub meta_replicas: usize,
     /// Host the tractservers listen on (each on a free port).
     pub host: String,
     /// Tractservers listen on unix sockets in the data directory instead
@@ -52,6 +59,7 @@ impl ClusterConfig {
             tract_size: TRACT_SIZE_DEFAULT,
             disk_size: 2 << 30,
             meta_listen: "127.0.0.1:0".into(),
+            meta_replicas: 1,
             host: "127.0.0.1".into(),
             unix_sockets: false,
             heartbeat_interval: Duration::from_millis(200),
@@ -79,25 +87,75 @@ pub enum ClusterError {
 pub struct Cluster {
     env: Env,
     pub cfg: ClusterConfig,
-    meta: Option<MetaHandle>,
-    /// The metadata server's address (stable across `restart_meta`).
+    /// One per replica; `None` while stopped.
+    metas: Vec<Option<MetaHandle>>,
+    /// Each replica's address, stable across restarts.
+    meta_addrs: Vec<String>,
+    /// The metadata service as `--meta` takes it: every replica's address.
     pub meta_addr: String,
     tractservers: Vec<Option<TractServerHandle>>,
 }
 
 impl Cluster {
-    /// Starts the metadata server and every tractserver, then waits until
+    /// Starts the metadata service and every tractserver, then waits until
     /// the TLT is built (or rebuilt from the disks) and served.
     pub async fn start(env: Env, cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
-        let meta = meta::start(env.clone(), Self::meta_config(&cfg, &cfg.meta_listen)).await?;
-        let meta_addr = meta.addr.clone();
-        let mut c = Cluster { env, cfg, meta: Some(meta), meta_addr, tractservers: Vec::new() };
+        let meta_addrs = Self::meta_addrs(&cfg)?;
+        let n = meta_addrs.len();
+        let mut c = Cluster {
+            env,
+            cfg,
+            metas: (0..n).map(|_| None).collect(),
+            meta_addr: meta_addrs.join(","),
+            meta_addrs,
+            tractservers: Vec::new(),
+        };
+        for i in 0..n {
+            c.start_meta_replica(i).await?;
+        }
+        if n == 1 {
+            // The address actually bound (port 0 picks one).
+            let addr = c.metas[0].as_ref().map(|m| m.addr.clone()).unwrap_or_default();
+            c.meta_addrs = vec![addr.clone()];
+            c.meta_addr = addr;
+        }
         for i in 0..c.cfg.tractservers {
             c.tractservers.push(None);
             c.start_tractserver(i).await?;
         }
         c.wait_ready(Duration::from_secs(60)).await?;
         Ok(c)
+    }
+
+    /// Where each replica listens (`ClusterConfig::meta_listen`).
+    fn meta_addrs(cfg: &ClusterConfig) -> Result<Vec<String>, ClusterError> {
+        let n = cfg.meta_replicas.max(1);
+        if n == 1 {
+            return Ok(vec![cfg.meta_listen.clone()]);
+        }
+        let bad = |why: &str| {
+            ClusterError::Meta(MetaError::Config(format!(
+                "{} metadata replicas on {}: {why}",
+                n, cfg.meta_listen
+            )))
+        };
+        let (host, port) = cfg.meta_listen.rsplit_once(':').ok_or_else(|| bad("give HOST:PORT"))?;
+        let port: u16 = port.parse().map_err(|_| bad("give HOST:PORT"))?;
+        if port == 0 {
+            let addrs: Vec<String> = (1..=n)
+                .map(|i| format!("unix:{}", cfg.data_dir.join(format!("meta-{i}.sock")).display()))
+                .collect();
+            if addrs.iter().any(|a| a.len() >= 105) {
+                return Err(bad("the data directory's path is too long for a unix socket; give a port"));
+            }
+            return Ok(addrs);
+        }
+        (0..n)
+            .map(|i| {
+                let p = port.checked_add(i as u16).ok_or_else(|| bad("ports past 65535"))?;
+                Ok(format!("{host}:{p}"))
+            })
+            .collect()
     }
 
     fn meta_config(cfg: &ClusterConfig, listen: &str) -> MetaConfig {
@@ -109,6 +167,42 @@ impl Cluster {
         m.dead_after = cfg.heartbeat_interval * 10;
         m.rebuild_grace = cfg.heartbeat_interval * 20;
         m
+    }
+
+    /// Starts (or restarts) metadata replica `i` (from 0).
+    pub async fn start_meta_replica(&mut self, i: usize) -> Result<(), ClusterError> {
+        let mut m = Self::meta_config(&self.cfg, &self.meta_addrs[i]);
+        if self.meta_addrs.len() > 1 {
+            m.group = Some(GroupConfig {
+                id: i as u64 + 1,
+                peers: self.meta_addrs.iter().enumerate().map(|(j, a)| (j as u64 + 1, a.clone())).collect(),
+                data_dir: self.cfg.data_dir.join(format!("meta-{}", i + 1)),
+                timing: Timing::default(),
+            });
+        }
+        self.metas[i] = Some(meta::start(self.env.clone(), m).await?);
+        Ok(())
+    }
+
+    /// Stops metadata replica `i` (its log stays).
+    pub async fn stop_meta_replica(&mut self, i: usize) {
+        if let Some(m) = self.metas.get_mut(i).and_then(|m| m.take()) {
+            m.stop().await;
+        }
+    }
+
+    /// The replica that leads (a single server always does), if any.
+    pub fn meta_leader(&self) -> Option<usize> {
+        self.metas.iter().position(|m| m.as_ref().is_some_and(|m| m.server.is_leader()))
+    }
+
+    /// Metadata replica `i` (from 0), while it runs.
+    pub fn meta_replica(&self, i: usize) -> Option<&MetaHandle> {
+        self.metas.get(i).and_then(|m| m.as_ref())
+    }
+
+    pub fn meta_replicas(&self) -> usize {
+        self.metas.len()
     }
 
     pub fn disk_path(&self, i: usize) -> PathBuf {
@@ -130,8 +224,12 @@ impl Cluster {
         self.tractservers.len()
     }
 
+    /// The leading metadata replica (or the single server while it runs).
     pub fn meta(&self) -> Option<&MetaHandle> {
-        self.meta.as_ref()
+        match self.meta_leader() {
+            Some(i) => self.metas[i].as_ref(),
+            None => self.metas.iter().flatten().next(),
+        }
     }
 
     /// Starts (or restarts) tractserver `i` on its disk.
@@ -166,14 +264,16 @@ impl Cluster {
         }
     }
 
-    /// Stops the metadata server and starts a fresh one on the same address;
-    /// it rebuilds the TLT from the tractservers' reports.
+    /// Stops every metadata replica and starts them again on the same
+    /// addresses: a single server rebuilds the TLT from the tractservers'
+    /// reports, a group from its logs.
     pub async fn restart_meta(&mut self) -> Result<(), ClusterError> {
-        if let Some(m) = self.meta.take() {
-            m.stop().await;
+        for i in 0..self.metas.len() {
+            self.stop_meta_replica(i).await;
         }
-        let listen = self.meta_addr.clone();
-        self.meta = Some(meta::start(self.env.clone(), Self::meta_config(&self.cfg, &listen)).await?);
+        for i in 0..self.metas.len() {
+            self.start_meta_replica(i).await?;
+        }
         Ok(())
     }
 
@@ -182,15 +282,41 @@ impl Cluster {
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), ClusterError> {
         let deadline = self.env.now() + timeout;
         loop {
-            let (ready, why) = match &self.meta {
-                None => (false, "metadata server is stopped".to_string()),
+            let (ready, why) = match self.meta_leader().and_then(|i| self.metas[i].as_ref()) {
+                None => (false, "no metadata replica leads".to_string()),
                 Some(m) => {
                     let s = m.server.status();
-                    let running: Vec<_> = self.tractservers.iter().flatten().map(|t| t.id).collect();
-                    let alive = running
+                    let tlt = m.server.tlt();
+                    // Alive, in the table, and at the address it listens on
+                    // now (a restarted tractserver may have moved).
+                    let not_ready: Vec<String> = self
+                        .tractservers
                         .iter()
-                        .all(|id| s.members.iter().any(|mm| mm.id == *id && mm.alive && mm.rows > 0));
-                    (s.phase == "ready" && alive, format!("phase {}, {} members", s.phase, s.members.len()))
+                        .flatten()
+                        .filter_map(|t| {
+                            let alive = s.members.iter().any(|mm| mm.id == t.id && mm.alive && mm.rows > 0);
+                            let listed = tlt.as_ref().is_some_and(|tlt| {
+                                tlt.member_index(t.id).is_some_and(|i| tlt.members[i as usize].addr == t.addr)
+                            });
+                            (!alive || !listed).then(|| {
+                                format!(
+                                    "{} at {}: {}",
+                                    t.id,
+                                    t.addr,
+                                    if alive { "old address in the TLT" } else { "not alive with rows" }
+                                )
+                            })
+                        })
+                        .collect();
+                    (
+                        s.phase == "ready" && not_ready.is_empty(),
+                        format!(
+                            "phase {}, {} members; waiting for {}",
+                            s.phase,
+                            s.members.len(),
+                            not_ready.join("; ")
+                        ),
+                    )
                 }
             };
             if ready {
@@ -233,8 +359,8 @@ impl Cluster {
         for i in 0..self.tractservers.len() {
             self.stop_tractserver(i).await;
         }
-        if let Some(m) = self.meta.take() {
-            m.stop().await;
+        for i in 0..self.metas.len() {
+            self.stop_meta_replica(i).await;
         }
     }
 }

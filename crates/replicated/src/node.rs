@@ -184,12 +184,42 @@ struct Inner<S: Service> {
     submit: mpsc::Sender<Pending>,
     reads: mpsc::Sender<PendingRead>,
     incoming: Mutex<Option<Incoming>>,
+    /// The session of this member's own updates ([`Node::propose`]).
+    local: Mutex<LocalSession>,
+}
+
+/// Whether a member listens itself or is hosted (`Node::start_hosted`).
+enum Listen {
+    Own,
+    Hosted,
+}
+
+/// The session a member's own updates go in, numbered like a client's.
+#[derive(Default)]
+struct LocalSession {
+    id: u64,
+    next_seq: u64,
+    outstanding: std::collections::BTreeSet<u64>,
+}
+
+/// Why [`Node::propose`] did not apply an update.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    /// Not the leader (any more): the update did not apply, or it may
+    /// still commit under the next leader (it was in the log when this
+    /// member lost leadership). Nothing is retried.
+    #[error("this member is not the leader (the leader is {})", leader.as_ref().map_or("unknown".to_string(), |(id, a)| format!("member {id} at {a}")))]
+    NotLeader { leader: Option<(NodeId, String)> },
+    #[error("the service refused the update: {0}")]
+    Rejected(String),
+    #[error("the member is stopping")]
+    Stopping,
 }
 
 /// A running member. Dropping it does not stop it: call [`Node::stop`].
 pub struct Node<S: Service> {
     inner: Arc<Inner<S>>,
-    tasks: Option<ServerTasks>,
+    tasks: Mutex<Option<ServerTasks>>,
     /// The address it listens on (the listener's own, e.g. with the port
     /// the system picked).
     pub addr: String,
@@ -202,6 +232,28 @@ impl<S: Service> Node<S> {
     /// Opens the member's data, starts Raft, listens, and (on a group that
     /// was never started) initializes the group with its member list.
     pub async fn start(env: Env, cfg: NodeConfig, service: Arc<S>) -> Result<Node<S>, NodeError> {
+        Ok(Self::open(env, cfg, service, Listen::Own).await?.0)
+    }
+
+    /// As [`Node::start`], but listening is left to the caller: the
+    /// returned service answers this member's frames (its peers' and its
+    /// clients'), for a server that hosts them beside a protocol of its
+    /// own on one address (the metadata server, design 0007). `cfg.listen`
+    /// is not used; `members[id]` must reach that server.
+    pub async fn start_hosted(
+        env: Env,
+        cfg: NodeConfig,
+        service: Arc<S>,
+    ) -> Result<(Node<S>, Arc<dyn blizzard_rpc::Service<Replicated>>), NodeError> {
+        Self::open(env, cfg, service, Listen::Hosted).await
+    }
+
+    async fn open(
+        env: Env,
+        cfg: NodeConfig,
+        service: Arc<S>,
+        listen: Listen,
+    ) -> Result<(Node<S>, Arc<dyn blizzard_rpc::Service<Replicated>>), NodeError> {
         let members_text =
             || cfg.members.iter().map(|(i, a)| format!("{i}={a}")).collect::<Vec<_>>().join(",");
         if !cfg.members.contains_key(&cfg.id) {
@@ -253,11 +305,18 @@ impl<S: Service> Node<S> {
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
 
-        let listener = env
-            .bind(&cfg.listen)
-            .await
-            .map_err(|error| NodeError::Listen { addr: cfg.listen.clone(), error })?;
-        let addr = listener.local_addr();
+        let listener = match listen {
+            Listen::Own => Some(
+                env.bind(&cfg.listen)
+                    .await
+                    .map_err(|error| NodeError::Listen { addr: cfg.listen.clone(), error })?,
+            ),
+            Listen::Hosted => None,
+        };
+        let addr = match &listener {
+            Some(l) => l.local_addr(),
+            None => cfg.members.get(&cfg.id).cloned().unwrap_or_default(),
+        };
         let (submit, submit_rx) = mpsc::channel(SUBMIT_QUEUE);
         let (reads, reads_rx) = mpsc::channel(SUBMIT_QUEUE);
         let inner = Arc::new(Inner {
@@ -270,14 +329,18 @@ impl<S: Service> Node<S> {
             submit,
             reads,
             incoming: Mutex::new(None),
+            local: Mutex::new(LocalSession::default()),
         });
         let (shutdown_handle, shutdown) = ShutdownHandle::new();
         let service: Arc<dyn blizzard_rpc::Service<Replicated>> = Arc::new(Front { inner: inner.clone() });
         let mut tasks = vec![
-            tokio::spawn(serve(env.clone(), listener, service, ServerLimits::default(), shutdown.clone())),
             tokio::spawn(batcher(inner.clone(), submit_rx, shutdown.clone())),
             tokio::spawn(read_rounds(inner.clone(), reads_rx, shutdown.clone())),
         ];
+        if let Some(l) = listener {
+            let served = serve(env.clone(), l, service.clone(), ServerLimits::default(), shutdown.clone());
+            tasks.push(tokio::spawn(served));
+        }
         if let Some(addr) = inner.cfg.metrics_listen.clone() {
             let l = env.bind(&addr).await.map_err(|error| NodeError::Listen { addr, error })?;
             let for_metrics = inner.clone();
@@ -287,9 +350,9 @@ impl<S: Service> Node<S> {
                 stop.wait().await
             })));
         }
-        let node = Node { inner, tasks: Some(ServerTasks::new(shutdown_handle, tasks)), addr };
+        let node = Node { inner, tasks: Mutex::new(Some(ServerTasks::new(shutdown_handle, tasks))), addr };
         node.initialize_if_new().await?;
-        Ok(node)
+        Ok((node, service))
     }
 
     /// On a member that has never been part of a group: the member with
@@ -348,12 +411,111 @@ impl<S: Service> Node<S> {
         status_of(&self.inner)
     }
 
-    /// Stops serving and shuts Raft down (what it had made durable stays).
-    pub async fn stop(mut self) {
-        if let Some(t) = self.tasks.take() {
-            t.stop().await;
+    /// The term this member leads in, if it believes it leads.
+    pub fn leading_term(&self) -> Option<u64> {
+        let m = self.inner.raft.metrics().borrow_watched().clone();
+        (m.state == ServerState::Leader).then_some(m.current_term)
+    }
+
+    /// The leader as far as this member knows (not itself).
+    pub fn leader_hint(&self) -> Option<(NodeId, String)> {
+        match leader_hint(&self.inner) {
+            Reply::NotLeader { leader } => leader,
+            _ => None,
         }
-        let _ = self.inner.raft.shutdown().await;
+    }
+
+    /// Confirms this member still leads (a heartbeat quorum, ReadIndex) and
+    /// waits until everything committed before the call is applied here.
+    pub async fn confirm_leadership(&self) -> Result<(), ProposeError> {
+        match self.inner.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(match e.api_error() {
+                Some(openraft::error::LinearizableReadError::ForwardToLeader(f)) => ProposeError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node.as_ref().map(|n| n.addr.clone())),
+                },
+                _ => ProposeError::NotLeader { leader: self.leader_hint() },
+            }),
+        }
+    }
+
+    /// Applies an update of the service through the log, from this member
+    /// (which must lead): the server a service runs in proposes its own
+    /// decisions this way (design 0007). The update goes in this member's
+    /// own session, so a retry a peer's duplicate delivery causes is
+    /// answered once; this call itself never retries: on `NotLeader` the
+    /// update did not apply or may still (see [`ProposeError`]).
+    pub async fn propose(&self, update: Bytes) -> Result<Bytes, ProposeError> {
+        if !self.inner.raft.is_leader() {
+            return Err(ProposeError::NotLeader { leader: self.leader_hint() });
+        }
+        for _ in 0..2 {
+            let session = self.local_session().await?;
+            let (seq, acked_below) = {
+                let mut l = lock_local(&self.inner.local);
+                l.next_seq += 1;
+                let seq = l.next_seq;
+                l.outstanding.insert(seq);
+                (seq, l.outstanding.first().copied().unwrap_or(seq))
+            };
+            let op = Op { session, seq, acked_below, kind: OpKind::Update(update.clone()) };
+            let r = self.submit_local(op).await;
+            lock_local(&self.inner.local).outstanding.remove(&seq);
+            match r? {
+                OpReply::Applied(b) => return Ok(b),
+                // Forgotten (a long-lived leader's session evicted): never
+                // applied, so a new session may send it again.
+                OpReply::SessionExpired => lock_local(&self.inner.local).id = 0,
+                OpReply::Rejected(why) => return Err(ProposeError::Rejected(why)),
+                other => return Err(ProposeError::Rejected(format!("unexpected reply {other:?}"))),
+            }
+        }
+        Err(ProposeError::Rejected("the member's session expired twice in a row".into()))
+    }
+
+    async fn local_session(&self) -> Result<u64, ProposeError> {
+        let id = lock_local(&self.inner.local).id;
+        if id != 0 {
+            return Ok(id);
+        }
+        let op = Op { session: 0, seq: 0, acked_below: 0, kind: OpKind::OpenSession };
+        match self.submit_local(op).await? {
+            OpReply::SessionOpened(id) => {
+                let mut l = lock_local(&self.inner.local);
+                *l = LocalSession { id, next_seq: 0, outstanding: Default::default() };
+                Ok(id)
+            }
+            other => Err(ProposeError::Rejected(format!("opening a session: {other:?}"))),
+        }
+    }
+
+    async fn submit_local(&self, op: Op) -> Result<OpReply, ProposeError> {
+        let (tx, rx) = oneshot::channel();
+        self.inner.submit.send(Pending { op, reply: tx }).await.map_err(|_| ProposeError::Stopping)?;
+        match rx.await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(Reply::NotLeader { leader })) => Err(ProposeError::NotLeader { leader }),
+            Ok(Err(other)) => Err(ProposeError::Rejected(format!("{other:?}"))),
+            Err(_) => Err(ProposeError::NotLeader { leader: self.leader_hint() }),
+        }
+    }
+
+    /// Stops serving and shuts Raft down (what it had made durable stays).
+    pub async fn stop(self) {
+        self.shutdown().await;
+    }
+
+    /// As [`Node::stop`], for a member shared by reference (a hosted one);
+    /// a second call does nothing.
+    pub async fn shutdown(&self) {
+        let tasks = match self.tasks.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(t) = tasks {
+            t.stop().await;
+            let _ = self.inner.raft.shutdown().await;
+        }
     }
 }
 
@@ -804,4 +966,11 @@ pub async fn status_of_member(env: &Env, addr: &str, timeout: Duration) -> Resul
         }
     };
     env.timeout(timeout, call).await.map_err(|_| format!("{addr} did not answer in {timeout:?}"))?
+}
+
+fn lock_local(m: &Mutex<LocalSession>) -> std::sync::MutexGuard<'_, LocalSession> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }

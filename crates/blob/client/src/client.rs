@@ -14,14 +14,14 @@ use blizzard_core::tlt::Tlt;
 use blizzard_core::{BlobId, TractNo};
 use blizzard_env::Env;
 use blizzard_proto::{BlobMeta, ClusterStatus, ErrorCode, ErrorReply, Reply, Request};
-use blizzard_rpc::RpcError;
+use blizzard_rpc::{MetaService, RpcError};
 
 use crate::blob::Blob;
 use crate::pool::Pool;
 
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// The metadata server's address.
+    /// The metadata service: `ADDR[,ADDR...]`, every replica.
     pub meta: String,
     /// Deadline for one request to one server.
     pub request_timeout: Duration,
@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     pub env: Env,
     pub cfg: ClientConfig,
     pub pool: Pool,
+    /// The metadata service (the one loop that finds its leader).
+    pub meta: MetaService,
     tlt: RwLock<Arc<Tlt>>,
     refresh: tokio::sync::Mutex<()>,
     limit: Arc<Semaphore>,
@@ -196,9 +198,11 @@ impl Client {
     /// `connect_timeout` for the cluster to have one.
     pub async fn connect(env: Env, cfg: ClientConfig) -> Result<Client, ClientError> {
         let pool = Pool::new(env.clone(), cfg.request_timeout);
+        let meta = MetaService::parse(&env, &cfg.meta)
+            .map_err(|message| ClientError::Meta { addr: cfg.meta.clone(), message })?;
         let deadline = env.now() + cfg.connect_timeout;
         let tlt = loop {
-            match fetch_tlt(&pool, &cfg.meta, 0).await {
+            match fetch_tlt(&meta, cfg.request_timeout, 0).await {
                 Ok(Some(t)) => break t,
                 Ok(None) => {}
                 Err(e) if env.now() >= deadline => {
@@ -216,6 +220,7 @@ impl Client {
                 env,
                 cfg,
                 pool,
+                meta,
                 tlt: RwLock::new(Arc::new(tlt)),
                 refresh: tokio::sync::Mutex::new(()),
                 limit,
@@ -304,7 +309,7 @@ impl Client {
             return Ok(());
         }
         self.inner.stats.tlt_fetches.fetch_add(1, Ordering::Relaxed);
-        match fetch_tlt(&self.inner.pool, &self.inner.cfg.meta, seen).await {
+        match fetch_tlt(&self.inner.meta, self.inner.cfg.request_timeout, seen).await {
             Ok(Some(t)) => {
                 tracing::debug!(from = seen, to = t.version, "TLT refreshed");
                 *match self.inner.tlt.write() {
@@ -524,8 +529,8 @@ impl Client {
     /// The metadata server's view of the cluster.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ClientError> {
         let meta = &self.inner.cfg.meta;
-        match self.inner.pool.call(meta, &Request::ClusterStatus, Bytes::new()).await {
-            Ok((Reply::ClusterStatus(s), _)) => Ok(s),
+        match self.inner.meta.call(&Request::ClusterStatus, self.inner.cfg.request_timeout).await {
+            Ok((Reply::ClusterStatus(s), _, _)) => Ok(s),
             Ok(_) => Err(ClientError::Meta { addr: meta.clone(), message: "unexpected reply".into() }),
             Err(e) => Err(ClientError::Meta { addr: meta.clone(), message: e.to_string() }),
         }
@@ -533,9 +538,10 @@ impl Client {
 }
 
 /// Fetches the TLT if newer than `have` (`None` if unchanged).
-async fn fetch_tlt(pool: &Pool, meta: &str, have: u64) -> Result<Option<Tlt>, RpcError> {
-    match pool.call(meta, &Request::GetTlt { have_version: have }, Bytes::new()).await? {
-        (Reply::Tlt(Some(t)), _) => match t.validate() {
+async fn fetch_tlt(meta: &MetaService, timeout: Duration, have: u64) -> Result<Option<Tlt>, RpcError> {
+    let (reply, _, meta) = meta.call(&Request::GetTlt { have_version: have }, timeout).await?;
+    match reply {
+        Reply::Tlt(Some(t)) => match t.validate() {
             Ok(()) => Ok(Some(t)),
             Err(e) => Err(RpcError::Decode {
                 addr: meta.to_string(),
@@ -543,7 +549,7 @@ async fn fetch_tlt(pool: &Pool, meta: &str, have: u64) -> Result<Option<Tlt>, Rp
             })
             .inspect_err(|_| tracing::error!(error = %e, "metadata server sent an invalid TLT")),
         },
-        (Reply::Tlt(None), _) => Ok(None),
+        Reply::Tlt(None) => Ok(None),
         _ => Err(RpcError::Decode {
             addr: meta.to_string(),
             error: blizzard_proto::DecodeError::BadValue { field: "reply", value: 0 },

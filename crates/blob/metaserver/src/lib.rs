@@ -1,21 +1,25 @@
 //! Metadata server: tracks live tractservers, builds the tract locator
 //! table (FDS §2.2, §3.3), hands it to clients, and changes rows with the
-//! assignment protocol (FDS §3.1). It keeps no durable state of its own:
-//! tractservers store their TLT positions and a restarted metadata server
-//! rebuilds the table from their heartbeats.
+//! assignment protocol (FDS §3.1). Its decisions are a replicated state
+//! (design 0007) kept by a group of replicas on the replicated runtime,
+//! or in memory by a single server that rebuilds the table from the
+//! tractservers' reports after a restart.
 //!
 //! Modules: `tlt_builder` (pure: the table's rows from members and a random
 //! source), `growth` (pure: which entries a new tractserver takes, FDS
-//! §3.4), `lease` (pure: one writer per volume, fencing tokens), `machine`
-//! (the replicated state, a service of `blizzard-replicated`: design 0007),
-//! `plan` (pure: what a recovery round changes, from a snapshot of
-//! the server's view; its header is the table of cases), `server`
-//! (membership, phases, assignment rounds, the async shell that runs the
-//! plan, the entry point).
+//! §3.4), `lease` (pure: one writer per volume, fencing tokens), `plan`
+//! (pure: what a recovery round changes, from a snapshot of the server's
+//! view; its header is the table of cases), `machine` (the replicated
+//! state, a service of `blizzard-replicated`), `replica` (where that state
+//! lives: a runtime member or memory), `rounds` (the leader's rounds:
+//! take over, build, rebuild, recovery: `Reserve`, push, `Serve`),
+//! `server` (heartbeats, who answers what, status, the entry point).
 
 pub mod growth;
 pub mod lease;
 pub mod machine;
 mod plan;
+pub mod replica;
+mod rounds;
 pub mod server;
 pub mod tlt_builder;

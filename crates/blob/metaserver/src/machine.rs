@@ -7,7 +7,7 @@
 //!
 //! | update | footprint | applies |
 //! |---|---|---|
-//! | `Reserve` | barrier | raises the floors to versions a round is about to hand out (before it pushes anything) |
+//! | `Reserve` | barrier | before a round pushes anything: raises the floors to the versions it will hand out, records the members declared dead and adds the members it may leave unsettled |
 //! | `Serve` | barrier | the table a round made every tractserver store; refused if it does not follow the served one (`plan::check_change` against it) |
 //! | `Acquire`, `Renew`, `Release` | exclusive on the volume's blob | `lease::Leases` (pure, time from the update) |
 //! | `ExtendAll` | barrier | a new leader's first update: every lease lasts a term from its takeover |
@@ -20,7 +20,7 @@
 //! clock, leases.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 
@@ -60,22 +60,53 @@ wire_struct!(LeaseEntry { blob: BlobId, holder: String, token: u64, expires_ms: 
 /// An update of the replicated state (module header).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetaOp {
-    Reserve { tlt_version: u64, rows: Vec<RowRef> },
-    Serve { tlt: Tlt, filling: Vec<RowFilling>, dead: Vec<TsId>, unsettled: Vec<TsId> },
-    Acquire { blob: BlobId, holder: String, now_ms: u64, ttl_ms: u64, take_over: bool },
-    Renew { blob: BlobId, holder: String, token: u64, now_ms: u64, ttl_ms: u64 },
-    Release { blob: BlobId, token: u64 },
-    ExtendAll { now_ms: u64, ttl_ms: u64 },
+    /// `dead` replaces the set; `unsettled` joins it.
+    Reserve {
+        tlt_version: u64,
+        rows: Vec<RowRef>,
+        dead: Vec<TsId>,
+        unsettled: Vec<TsId>,
+    },
+    Serve {
+        tlt: Tlt,
+        filling: Vec<RowFilling>,
+        dead: Vec<TsId>,
+        unsettled: Vec<TsId>,
+    },
+    Acquire {
+        blob: BlobId,
+        holder: String,
+        now_ms: u64,
+        ttl_ms: u64,
+        take_over: bool,
+    },
+    Renew {
+        blob: BlobId,
+        holder: String,
+        token: u64,
+        now_ms: u64,
+        ttl_ms: u64,
+    },
+    Release {
+        blob: BlobId,
+        token: u64,
+    },
+    ExtendAll {
+        now_ms: u64,
+        ttl_ms: u64,
+    },
 }
 
 impl MetaOp {
     pub fn encode(&self) -> Bytes {
         let mut w = Writer::new();
         match self {
-            MetaOp::Reserve { tlt_version, rows } => {
+            MetaOp::Reserve { tlt_version, rows, dead, unsettled } => {
                 1u8.put(&mut w);
                 tlt_version.put(&mut w);
                 rows.put(&mut w);
+                dead.put(&mut w);
+                unsettled.put(&mut w);
             }
             MetaOp::Serve { tlt, filling, dead, unsettled } => {
                 2u8.put(&mut w);
@@ -133,7 +164,12 @@ impl MetaOp {
             Ok(t)
         };
         let op = match u8::get(&mut r)? {
-            1 => MetaOp::Reserve { tlt_version: u64::get(&mut r)?, rows: Wire::get(&mut r)? },
+            1 => MetaOp::Reserve {
+                tlt_version: u64::get(&mut r)?,
+                rows: Wire::get(&mut r)?,
+                dead: Wire::get(&mut r)?,
+                unsettled: Wire::get(&mut r)?,
+            },
             2 => {
                 let tlt = Tlt::get(&mut r)?;
                 tlt.validate()
@@ -231,7 +267,7 @@ impl MetaReply {
 /// The replicated state (module header).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MetaState {
-    pub tlt: Option<Tlt>,
+    pub tlt: Option<Arc<Tlt>>,
     pub filling: Filling,
     pub dead: BTreeSet<TsId>,
     pub unsettled: BTreeSet<TsId>,
@@ -244,12 +280,14 @@ pub struct MetaState {
 impl MetaState {
     fn apply(&mut self, op: &MetaOp) -> MetaReply {
         match op {
-            MetaOp::Reserve { tlt_version, rows } => {
+            MetaOp::Reserve { tlt_version, rows, dead, unsettled } => {
                 self.tlt_floor = self.tlt_floor.max(*tlt_version);
                 for r in rows {
                     let f = self.row_floors.entry(r.row as usize).or_default();
                     *f = (*f).max(r.version);
                 }
+                self.dead = dead.iter().copied().collect();
+                self.unsettled.extend(unsettled.iter().copied());
                 MetaReply::Done
             }
             MetaOp::Serve { tlt, filling, dead, unsettled } => {
@@ -265,7 +303,7 @@ impl MetaState {
                     let f = self.row_floors.entry(i).or_default();
                     *f = (*f).max(r.version);
                 }
-                self.tlt = Some(tlt.clone());
+                self.tlt = Some(Arc::new(tlt.clone()));
                 self.filling = filling
                     .iter()
                     .filter(|f| !f.members.is_empty())
@@ -296,7 +334,7 @@ impl MetaState {
         let mut w = Writer::new();
         SNAPSHOT_MAGIC.put(&mut w);
         SNAPSHOT_VERSION.put(&mut w);
-        self.tlt.put(&mut w);
+        self.tlt.as_deref().cloned().put(&mut w);
         let filling: Vec<RowFilling> = self
             .filling
             .iter()
@@ -336,6 +374,7 @@ impl MetaState {
             return Err(DecodeError::BadValue { field: "metadata snapshot version", value: version as u64 });
         }
         let tlt: Option<Tlt> = Wire::get(&mut r)?;
+        let tlt = tlt.map(Arc::new);
         if let Some(t) = &tlt {
             t.validate().map_err(|_| DecodeError::BadValue { field: "snapshot TLT", value: t.version })?;
         }
@@ -419,6 +458,17 @@ impl MetaMachine {
     pub fn view(&self) -> MetaState {
         self.state().clone()
     }
+
+    /// Reads the applied state without copying it.
+    pub fn read_state<R>(&self, f: impl FnOnce(&MetaState) -> R) -> R {
+        f(&self.state())
+    }
+
+    /// Applies an update here, outside any log: a single metadata server
+    /// without a replica group keeps its state this way (in memory).
+    pub fn apply_here(&self, op: &MetaOp) -> MetaReply {
+        self.state().apply(op)
+    }
 }
 
 /// A lease update's key: its blob, folded to 64 bits.
@@ -452,7 +502,7 @@ impl Service for MetaMachine {
         let st = self.state();
         let mut w = Writer::new();
         match q {
-            MetaQuery::Tlt => st.tlt.put(&mut w),
+            MetaQuery::Tlt => st.tlt.as_deref().cloned().put(&mut w),
             MetaQuery::Lease { blob, now_ms } => st
                 .leases
                 .holder(blob, now_ms)
@@ -535,13 +585,33 @@ mod tests {
     }
 
     #[test]
-    fn reserve_raises_the_floors_only() {
+    fn reserve_raises_the_floors_and_marks_members() {
         let m = MetaMachine::default();
-        run(&m, 1, MetaOp::Reserve { tlt_version: 20, rows: vec![RowRef { row: 1, version: 9 }] });
-        run(&m, 2, MetaOp::Reserve { tlt_version: 15, rows: vec![RowRef { row: 1, version: 7 }] });
+        run(
+            &m,
+            1,
+            MetaOp::Reserve {
+                tlt_version: 20,
+                rows: vec![RowRef { row: 1, version: 9 }],
+                dead: vec![TsId(2)],
+                unsettled: vec![TsId(1)],
+            },
+        );
+        run(
+            &m,
+            2,
+            MetaOp::Reserve {
+                tlt_version: 15,
+                rows: vec![RowRef { row: 1, version: 7 }],
+                dead: vec![],
+                unsettled: vec![TsId(3)],
+            },
+        );
         let st = m.view();
         assert_eq!((st.tlt_floor, st.row_floors.get(&1)), (20, Some(&9)));
         assert!(st.tlt.is_none());
+        assert!(st.dead.is_empty(), "the dead set is replaced");
+        assert_eq!(st.unsettled, [TsId(1), TsId(3)].into(), "members to settle accumulate");
     }
 
     #[test]
@@ -583,7 +653,16 @@ mod tests {
                 unsettled: vec![TsId(1)],
             },
         );
-        run(&m, 2, MetaOp::Reserve { tlt_version: 30, rows: vec![RowRef { row: 0, version: 8 }] });
+        run(
+            &m,
+            2,
+            MetaOp::Reserve {
+                tlt_version: 30,
+                rows: vec![RowRef { row: 0, version: 8 }],
+                dead: vec![TsId(2)],
+                unsettled: vec![],
+            },
+        );
         run(
             &m,
             3,

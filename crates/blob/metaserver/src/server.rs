@@ -1,45 +1,53 @@
 //! The metadata server (FDS §2.2, §3.1): collects heartbeats, builds the
-//! TLT, hands it to clients, and changes rows with the assignment protocol.
-//! It stores nothing durable: after a restart it rebuilds the table from
-//! the assignments the tractservers report in their heartbeats.
+//! TLT, hands it to clients, and changes rows with the assignment protocol
+//! (`rounds`). Its decisions are a replicated state (`machine`, design
+//! 0007) kept by a runtime group of replicas (`blizzard meta --peers`), or
+//! in memory by a single server, which then rebuilds the table from the
+//! tractservers' reports after a restart (`replica`).
 //!
-//! Phases:
-//! - `waiting`: no TLT yet. If any tractserver reports a stored assignment,
-//!   the table is rebuilt from the reports once every tractserver they name
-//!   has reported, or after the rebuild grace period. Otherwise the first
-//!   table is built once `init_tractservers` have registered.
-//! - `ready`: the TLT is served; heartbeats keep member state current.
-//!   A member silent for `dead_after` is declared dead and replaced in
-//!   every row by a live member, which copies the row's tracts from the
-//!   survivors (FDS §3.2; see `recover`).
+//! Every replica listens on one address for its peers (the runtime's
+//! frames) and for tractservers and clients (the blob protocol). Who
+//! answers what:
+//!
+//! | request | leader | follower |
+//! |---|---|---|
+//! | `Heartbeat` | answered once leadership is confirmed (a quorum round at most `replica::confirmation_window` old): the answer extends the tractserver's lease | `NotLeader` |
+//! | `GetTlt`, `ClusterParams` | from the applied state | from the applied state (a stale table is caught by row versions) |
+//! | `ClusterStatus` | heartbeats and the applied state | `NotLeader` |
+//!
+//! Phases, on the leader: `waiting` (no table served yet; built or
+//! rebuilt by `rounds`), `ready` (the table is served; heartbeats keep
+//! member state current and every round runs `plan`).
 //!
 //! Invariant (FDS §3.1): a new row version is given to clients only after
 //! every tractserver of the old and new row has durably stored it, so a
 //! client can never hold a version its tractservers do not know.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use rand::SeedableRng;
 
 use blizzard_core::limits::{tract_size_valid, NAME_LEN_MAX, REPLICATION_MAX};
-use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
+use blizzard_core::tlt::Tlt;
 use blizzard_core::TsId;
 use blizzard_env::{Env, Instant};
 use blizzard_proto::{
-    AssignedRow, Assignment, ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat,
-    HeartbeatAction, HeartbeatReply, MemberStatus, Reply, Request,
+    ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat, HeartbeatAction,
+    HeartbeatReply, MemberStatus, Reply, Request,
 };
+use blizzard_replicated::proto::Replicated;
+use blizzard_rpc::either::{Either, EitherService};
 use blizzard_rpc::{
-    serve, Caller, RpcConn, RpcError, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
+    serve, Blob, Caller, RpcConn, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
 };
 
-use crate::plan::{self, assignment_for, assignment_is_stale, Filling, Member, RowChange, Rules, View};
-use crate::tlt_builder::{build_rows, row_counts, BuildParams, BuilderMember};
+use crate::plan::{assignment_is_stale, Member};
+use crate::replica::{confirmation_window, GroupConfig, Replica};
+use crate::tlt_builder::row_counts;
 
 #[derive(Clone, Debug)]
 pub struct MetaConfig {
@@ -74,6 +82,12 @@ pub struct MetaConfig {
     pub request_timeout: Duration,
     /// Where to serve Prometheus metrics over HTTP (`GET /metrics`), if anywhere.
     pub metrics_listen: Option<String>,
+    /// A replica of a group (`--id`, `--peers`, `--data`); none: a single
+    /// server keeping its state in memory.
+    pub group: Option<GroupConfig>,
+    /// Every volume lease a new leader inherits lasts at least this long
+    /// from its takeover (design 0007).
+    pub volume_lease_ttl: Duration,
 }
 
 impl MetaConfig {
@@ -92,6 +106,8 @@ impl MetaConfig {
             rebuild_grace: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
             metrics_listen: None,
+            group: None,
+            volume_lease_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -107,69 +123,56 @@ pub enum MetaError {
     #[error("invalid TLT change: {0}")]
     BadChange(String),
     #[error("tractserver {id} did not accept its new assignment: {error}")]
-    AssignFailed { id: TsId, error: RpcError },
+    AssignFailed { id: TsId, error: blizzard_rpc::RpcError },
+    #[error("replicated state: {0}")]
+    Replica(String),
+    #[error("starting the replica: {0}")]
+    Start(#[from] blizzard_replicated::node::NodeError),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Waiting,
-    Ready,
-}
-
-struct State {
-    phase: Phase,
-    members: BTreeMap<TsId, Member>,
-    tlt: Option<Arc<Tlt>>,
-    /// Per row, the members still copying it (FDS §3.2). Kept beside the
-    /// TLT, not in it: clients write to every member alike; only the
-    /// members themselves (through their assignments) need to know.
-    filling: BTreeMap<usize, BTreeSet<TsId>>,
-    /// Members declared dead. A dead member that heartbeats again is told
-    /// to stop serving until it has stored its current assignment.
-    dead: BTreeSet<TsId>,
-    /// When the TLT was first served by this metadata server, or when this
+/// What the leader knows beyond the replicated state: heartbeats, and
+/// when it started leading.
+pub(crate) struct State {
+    /// The term this replica leads in, once it took over (`rounds`).
+    pub term: Option<u64>,
+    pub members: BTreeMap<TsId, Member>,
+    /// When this replica took over, or the TLT was first served, or this
     /// server last woke from a stall: silence is counted from no earlier
-    /// than this, so neither a member that has not heartbeated since a
-    /// restart nor every member at once after the metadata server itself
-    /// was paused is declared dead before it had `dead_after` to report.
-    ready_since: Option<Instant>,
-    last_recover: Option<Instant>,
-    /// Versions handed out by a change whose assignment round failed: the
-    /// next change numbers above them, so one (row, version) never names
-    /// two memberships on the tractservers that stored the failed round.
-    row_version_floor: HashMap<usize, u64>,
-    tlt_version_floor: u64,
-    /// Members that may hold an assignment from a change that was never
-    /// served (its round failed part-way; a push can even arrive late,
-    /// after a partition heals). Every later change pushes them their
-    /// current assignment too, whose newer table version then outranks the
-    /// unserved one, until a push to them succeeds.
-    unsettled: BTreeSet<TsId>,
-    first_report: Option<Instant>,
-    last_complaint: Option<Instant>,
+    /// than this, so neither a member that has not heartbeated to this
+    /// leader yet nor every member at once after the server itself was
+    /// paused is declared dead before it had `dead_after` to report.
+    pub ready_since: Option<Instant>,
+    pub last_recover: Option<Instant>,
+    pub first_report: Option<Instant>,
+    pub last_complaint: Option<Instant>,
+    /// When the last quorum round that confirmed leadership started.
+    pub confirmed: Option<Instant>,
 }
 
 pub struct MetaServer {
-    env: Env,
-    cfg: MetaConfig,
+    pub(crate) env: Env,
+    pub(crate) cfg: MetaConfig,
     /// Every version this lifetime hands out (row or table) is above this:
-    /// its start time in milliseconds, shifted left 20 bits. A metadata
+    /// its start time in milliseconds, shifted left 20 bits. A single
     /// server keeps no state, and one restarted right after a round failed
     /// part-way may never hear from the members that stored that round; its
     /// floors alone would then let it number a new round the same, so one
     /// (row, version) would name two memberships. Started later, it numbers
     /// above every earlier lifetime (unless that one handed out over a
     /// million versions per millisecond it lived, or the clock went back,
-    /// where the floors still apply).
-    version_base: u64,
-    state: Mutex<State>,
-    /// Serializes TLT changes: one assignment round at a time.
-    change: tokio::sync::Mutex<()>,
+    /// where the floors still apply). A group's floors are replicated.
+    pub(crate) version_base: u64,
+    pub(crate) replica: Replica,
+    pub(crate) state: Mutex<State>,
+    /// Serializes rounds: one assignment round at a time.
+    pub(crate) change: tokio::sync::Mutex<()>,
+    /// One leadership confirmation at a time; heartbeats share it.
+    confirming: tokio::sync::Mutex<()>,
     /// Ordered so connections close in the same order on every run.
-    conns: Mutex<BTreeMap<String, RpcConn>>,
+    pub(crate) conns: Mutex<BTreeMap<String, RpcConn>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -180,20 +183,25 @@ fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
     ErrorReply::new(code, msg)
 }
 
+fn validate(cfg: &MetaConfig) -> Result<(), MetaError> {
+    if !tract_size_valid(cfg.tract_size) {
+        return Err(MetaError::Config(format!(
+            "tract size {} must be a power of two between 4 KiB and 64 MiB",
+            cfg.tract_size
+        )));
+    }
+    if cfg.replication == 0 || cfg.replication > REPLICATION_MAX {
+        return Err(MetaError::Config(format!("replication must be 1..={REPLICATION_MAX}")));
+    }
+    if cfg.permutations == 0 {
+        return Err(MetaError::Config("permutations must be at least 1".into()));
+    }
+    Ok(())
+}
+
 impl MetaServer {
-    pub fn new(env: Env, cfg: MetaConfig) -> Result<MetaServer, MetaError> {
-        if !tract_size_valid(cfg.tract_size) {
-            return Err(MetaError::Config(format!(
-                "tract size {} must be a power of two between 4 KiB and 64 MiB",
-                cfg.tract_size
-            )));
-        }
-        if cfg.replication == 0 || cfg.replication > REPLICATION_MAX {
-            return Err(MetaError::Config(format!("replication must be 1..={REPLICATION_MAX}")));
-        }
-        if cfg.permutations == 0 {
-            return Err(MetaError::Config("permutations must be at least 1".into()));
-        }
+    pub fn new(env: Env, cfg: MetaConfig, replica: Replica) -> Result<MetaServer, MetaError> {
+        validate(&cfg)?;
         let started_ms = env
             .clock
             .system_time()
@@ -203,37 +211,100 @@ impl MetaServer {
             version_base: started_ms.min(u64::MAX >> 21) << 20,
             env,
             cfg,
+            replica,
             state: Mutex::new(State {
-                phase: Phase::Waiting,
+                term: None,
                 members: BTreeMap::new(),
-                tlt: None,
-                filling: BTreeMap::new(),
-                dead: BTreeSet::new(),
                 ready_since: None,
                 last_recover: None,
-                row_version_floor: HashMap::new(),
-                tlt_version_floor: 0,
-                unsettled: BTreeSet::new(),
                 first_report: None,
                 last_complaint: None,
+                confirmed: None,
             }),
             change: tokio::sync::Mutex::new(()),
+            confirming: tokio::sync::Mutex::new(()),
             conns: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// The TLT being served, once there is one.
+    /// The TLT being served, once there is one (this replica's applied
+    /// state).
     pub fn tlt(&self) -> Option<Arc<Tlt>> {
-        lock(&self.state).tlt.clone()
+        self.replica.read(|s| s.tlt.clone())
     }
 
-    fn heartbeat(&self, hb: Heartbeat) -> Result<Reply, ErrorReply> {
+    /// Whether this replica leads and has taken over.
+    pub fn is_leader(&self) -> bool {
+        let term = lock(&self.state).term;
+        term.is_some() && self.replica.leading_term() == term
+    }
+
+    /// This replica's view of its group, if it is one.
+    pub fn group_status(&self) -> Option<blizzard_replicated::proto::Status> {
+        self.replica.group_status()
+    }
+
+    pub(crate) fn wall_ms(&self) -> u64 {
+        self.env
+            .clock
+            .system_time()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0))
+    }
+
+    /// Logs `what` at most once per `every`.
+    pub(crate) fn complain(&self, every: Duration, what: &str) {
+        let now = self.env.now();
+        let mut st = lock(&self.state);
+        if st.last_complaint.is_none_or(|t| now.duration_since(t) >= every) {
+            tracing::warn!("{what}");
+            st.last_complaint = Some(now);
+        }
+    }
+
+    fn not_leader(&self) -> ErrorReply {
+        let (id, msg) = match self.replica.leader_hint() {
+            Some((id, addr)) => {
+                (id, format!("this metadata replica does not lead; replica {id} at {addr} does: ask it (give every replica to --meta)"))
+            }
+            None => (0, "this metadata replica does not lead, and no leader is known yet (an election is under way, or a majority of replicas is down): retry, or check `blizzard status`".to_string()),
+        };
+        ErrorReply { code: ErrorCode::NotLeader, current_version: id, message: msg }
+    }
+
+    /// Confirms leadership for a heartbeat answer (module header), sharing
+    /// a recent confirmation.
+    async fn confirm_leadership(&self) -> Result<(), ErrorReply> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        let window = confirmation_window(self.cfg.dead_after, self.cfg.heartbeat_interval);
+        let fresh = |st: &State, now: Instant| st.confirmed.is_some_and(|t| now.duration_since(t) < window);
+        if fresh(&lock(&self.state), self.env.now()) {
+            return Ok(());
+        }
+        let _one = self.confirming.lock().await;
+        if fresh(&lock(&self.state), self.env.now()) {
+            return Ok(());
+        }
+        let started = self.env.now();
+        match self.replica.confirm().await {
+            Ok(()) if self.is_leader() => {
+                lock(&self.state).confirmed = Some(started);
+                Ok(())
+            }
+            _ => Err(self.not_leader()),
+        }
+    }
+
+    async fn heartbeat(&self, hb: Heartbeat) -> Result<Reply, ErrorReply> {
         if hb.addr.is_empty() || hb.addr.len() > NAME_LEN_MAX || hb.domain.len() > NAME_LEN_MAX {
             return Err(err(ErrorCode::BadRequest, "address or failure domain is empty or too long"));
         }
+        self.confirm_leadership().await?;
         let now = self.env.now();
-        let mut st = lock(&self.state);
-        if let Some(tlt) = &st.tlt {
+        let (tlt, dead) = self.replica.read(|s| (s.tlt.clone(), s.dead.contains(&hb.ts_id)));
+        if let Some(tlt) = &tlt {
             if hb.tract_size != tlt.tract_size {
                 return Err(err(
                     ErrorCode::WrongCluster,
@@ -247,71 +318,66 @@ impl MetaServer {
                 ));
             }
         }
-        let domain = if hb.domain.is_empty() { hb.ts_id.to_string() } else { hb.domain.clone() };
-        // Heartbeats carry the assignment only when asked (while the TLT is
-        // being built or rebuilt): keep the last one a member reported.
-        let reported =
-            hb.assignment.clone().or_else(|| st.members.get(&hb.ts_id).and_then(|m| m.reported.clone()));
-        if reported.is_some() && st.first_report.is_none() {
-            st.first_report = Some(now);
-        }
-        // Compared with the table, not with the last heartbeat: a table
-        // rebuilt after a restart lists members it has not heard from yet
-        // with no address, and their first heartbeat must fill it in.
-        let moved = st
-            .tlt
-            .as_ref()
-            .is_some_and(|t| t.member_index(hb.ts_id).is_some_and(|i| t.members[i as usize].addr != hb.addr));
-        st.members.insert(
-            hb.ts_id,
-            Member {
-                addr: hb.addr.clone(),
-                domain,
-                last_heartbeat: now,
-                slots_total: hb.slots_total,
-                slots_used: hb.slots_used,
-                load: hb.load,
-                disk_mbps: hb.disk_mbps,
-                reported,
-                filled: hb.filled.clone(),
-                fill: hb.fill,
-            },
-        );
-        // A member that came back on a new address (or whose address the
-        // table lacked): clients must learn it, so the table's version
-        // moves (row versions do not: same members).
-        if moved {
-            if let Some(tlt) = st.tlt.clone() {
-                if let Some(i) = tlt.member_index(hb.ts_id) {
-                    let mut t = (*tlt).clone();
-                    t.members[i as usize].addr = hb.addr.clone();
-                    t.version = t.version.max(self.version_base) + 1;
-                    tracing::info!(id = %hb.ts_id, addr = %hb.addr, "tractserver moved; TLT version {}", t.version);
-                    st.tlt = Some(Arc::new(t));
-                }
+        let (action, asked, moved) = {
+            let mut st = lock(&self.state);
+            let domain = if hb.domain.is_empty() { hb.ts_id.to_string() } else { hb.domain.clone() };
+            // Heartbeats carry the assignment only when asked: keep the last
+            // one a member reported.
+            let reported =
+                hb.assignment.clone().or_else(|| st.members.get(&hb.ts_id).and_then(|m| m.reported.clone()));
+            if reported.is_some() && st.first_report.is_none() {
+                st.first_report = Some(now);
             }
-        }
-        let ms = self.cfg.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32;
-        // A member declared dead, or reporting rows at older versions than
-        // the table's, may serve a client holding an old TLT what newer
-        // writes have replaced: it must stop serving until `recover` has
-        // given it its current assignment.
-        let stale = st.phase == Phase::Ready
-            && st.tlt.as_ref().is_some_and(|t| {
+            let asked = reported.is_none() && hb.assignment.is_none();
+            st.members.insert(
+                hb.ts_id,
+                Member {
+                    addr: hb.addr.clone(),
+                    domain,
+                    last_heartbeat: now,
+                    slots_total: hb.slots_total,
+                    slots_used: hb.slots_used,
+                    load: hb.load,
+                    disk_mbps: hb.disk_mbps,
+                    reported,
+                    filled: hb.filled.clone(),
+                    fill: hb.fill,
+                },
+            );
+            // A member declared dead, or reporting rows at older versions than
+            // the table's, may serve a client holding an old TLT what newer
+            // writes have replaced: it must stop serving until a round has
+            // given it its current assignment.
+            let stale = tlt.as_ref().is_some_and(|t| {
                 st.members
                     .get(&hb.ts_id)
                     .and_then(|m| m.reported.as_ref())
                     .is_some_and(|a| assignment_is_stale(t, hb.ts_id, a))
             });
-        let action = if st.dead.contains(&hb.ts_id) || stale {
-            HeartbeatAction::StopServing
-        } else {
-            HeartbeatAction::Continue
+            let action = if dead || stale { HeartbeatAction::StopServing } else { HeartbeatAction::Continue };
+            // Back on a new address (or one the table lacked): clients learn it
+            // from the next table. Served before this answer unless a round is
+            // running (that round's successor serves it, `rounds`).
+            let moved = tlt.as_ref().is_some_and(|t| {
+                t.member_index(hb.ts_id).is_some_and(|i| t.members[i as usize].addr != hb.addr)
+            });
+            (action, asked, moved)
         };
+        if moved {
+            if let Ok(_round) = self.change.try_lock() {
+                if let Err(e) = self.serve_moved().await {
+                    tracing::warn!(error = %e, "could not serve a moved tractserver's address yet");
+                }
+            }
+        }
+        let ms = self.cfg.heartbeat_interval.as_millis().min(u32::MAX as u128) as u32;
         Ok(Reply::Heartbeat(HeartbeatReply {
             action,
             interval_ms: ms,
-            send_assignment: st.phase == Phase::Waiting,
+            // While no table is served the reports are what it is rebuilt
+            // from; a leader new to this member asks for what it stores,
+            // to judge it (a member that stores nothing has nothing to send).
+            send_assignment: tlt.is_none() || asked,
             lease_ms: self.lease().as_millis().min(u32::MAX as u128) as u32,
         }))
     }
@@ -324,464 +390,12 @@ impl MetaServer {
         self.cfg.dead_after * 2 / 3
     }
 
-    /// Advances the phase: rebuild or build the first TLT when possible;
-    /// once ready, detect dead members and re-replicate their rows.
-    pub async fn tick(&self) {
-        let _change = self.change.lock().await;
-        let (phase, members, first_report) = {
-            let st = lock(&self.state);
-            (st.phase, st.members.clone(), st.first_report)
-        };
-        if phase == Phase::Ready {
-            let r = self.recover().await;
-            lock(&self.state).last_recover = Some(self.env.now());
-            if let Err(e) = r {
-                let now = self.env.now();
-                let mut st = lock(&self.state);
-                if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(5)) {
-                    tracing::warn!(error = %e, "recovery round failed; retrying");
-                    st.last_complaint = Some(now);
-                }
-            }
-            return;
-        }
-        let now = self.env.now();
-        let reports: Vec<&Assignment> = members.values().filter_map(|m| m.reported.as_ref()).collect();
-        let result = if !reports.is_empty() {
-            let named: BTreeSet<TsId> =
-                reports.iter().flat_map(|a| a.rows.iter().flat_map(|r| r.members.iter().copied())).collect();
-            let all_here = named.iter().all(|id| members.contains_key(id));
-            let grace_over = first_report.is_some_and(|t| now.duration_since(t) >= self.cfg.rebuild_grace);
-            if !(all_here || grace_over) {
-                return;
-            }
-            self.rebuild(&members)
-        } else if members.len() >= self.cfg.init_tractservers.max(1) {
-            self.initial_build(&members).await.map(|t| (t, BTreeMap::new()))
-        } else {
-            return;
-        };
-        match result {
-            Ok((tlt, filling)) => {
-                tracing::info!(
-                    rows = tlt.rows.len(),
-                    members = tlt.members.len(),
-                    replication = tlt.replication,
-                    version = tlt.version,
-                    "TLT ready"
-                );
-                let mut st = lock(&self.state);
-                st.tlt = Some(tlt);
-                st.filling = filling;
-                st.phase = Phase::Ready;
-                st.ready_since = Some(now);
-            }
-            Err(e) => {
-                let mut st = lock(&self.state);
-                if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
-                    tracing::error!(error = %e, "cannot build the TLT yet");
-                    st.last_complaint = Some(now);
-                }
-            }
-        }
-    }
-
-    /// A new cluster: build the table and store every member's positions.
-    async fn initial_build(&self, members: &BTreeMap<TsId, Member>) -> Result<Arc<Tlt>, MetaError> {
-        let ids: Vec<TsId> = members.keys().copied().collect();
-        let builder: Vec<BuilderMember> = members
-            .iter()
-            .map(|(id, m)| BuilderMember { id: *id, domain: m.domain.clone(), weight: m.disk_mbps })
-            .collect();
-        let params = BuildParams {
-            replication: self.cfg.replication,
-            permutations: self.cfg.permutations,
-            weighted: self.cfg.weighted,
-        };
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
-        let rows =
-            build_rows(&builder, &params, &mut rng).map_err(|e| MetaError::BadChange(e.to_string()))?;
-        let tlt = Tlt {
-            cluster_id: self.env.random_u128().max(1),
-            tract_size: self.cfg.tract_size,
-            replication: self.cfg.replication,
-            version: 1,
-            members: ids
-                .iter()
-                .map(|id| {
-                    let m = &members[id];
-                    TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() }
-                })
-                .collect(),
-            rows: rows.into_iter().map(|members| TltRow::new(1, members)).collect(),
-        };
-        tlt.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
-        self.push_assignments(&tlt, &BTreeMap::new(), &ids).await?;
-        Ok(Arc::new(tlt))
-    }
-
-    /// A restarted metadata server: the table is what the tractservers say,
-    /// row by row taking the highest version reported.
-    fn rebuild(&self, members: &BTreeMap<TsId, Member>) -> Result<(Arc<Tlt>, Filling), MetaError> {
-        let reports: Vec<&Assignment> = members.values().filter_map(|m| m.reported.as_ref()).collect();
-        let Some(newest) = reports.iter().max_by_key(|a| a.tlt_version) else {
-            return Err(MetaError::NotReady);
-        };
-        let len = newest.tlt_len as usize;
-        // Per row, the report from the newest assignment round that named
-        // it (highest table version, then row version): the previous
-        // server's latest decision about the row. Not simply the highest
-        // row version: a round that failed part-way leaves a version that
-        // was never served on the members it reached, and the server then
-        // pushed the row's served version to the ones it could reach, in a
-        // newer round; a member cut off meanwhile still holds the unserved
-        // one (it is given its current assignment once it reports).
-        let mut rows: Vec<Option<(&AssignedRow, u64)>> = vec![None; len];
-        for a in reports.iter().filter(|a| a.cluster_id == newest.cluster_id) {
-            for r in &a.rows {
-                if let Some(slot) = rows.get_mut(r.row as usize) {
-                    if slot.is_none_or(|(cur, tv)| (a.tlt_version, r.version) > (tv, cur.version)) {
-                        *slot = Some((r, a.tlt_version));
-                    }
-                }
-            }
-        }
-        let rows: Vec<Option<&AssignedRow>> = rows.into_iter().map(|r| r.map(|(r, _)| r)).collect();
-        let missing = rows.iter().filter(|r| r.is_none()).count();
-        if missing > 0 {
-            return Err(MetaError::BadChange(format!(
-                "{missing} of {len} TLT rows are held by no reporting tractserver; start the missing tractservers"
-            )));
-        }
-        let ids: BTreeSet<TsId> = rows
-            .iter()
-            .flatten()
-            .flat_map(|r| r.members.iter().copied().chain(r.pending.iter().map(|p| p.id)))
-            .collect();
-        let ids: Vec<TsId> = ids.into_iter().collect();
-        let index: HashMap<TsId, u32> = ids.iter().enumerate().map(|(i, id)| (*id, i as u32)).collect();
-        let tlt = Tlt {
-            cluster_id: newest.cluster_id,
-            tract_size: newest.tract_size,
-            replication: newest.replication,
-            version: newest.tlt_version,
-            members: ids
-                .iter()
-                .map(|id| match members.get(id) {
-                    Some(m) => TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() },
-                    // Named by others but silent: listed so rows stay whole.
-                    None => TltMember { id: *id, addr: String::new(), domain: id.to_string() },
-                })
-                .collect(),
-            rows: rows
-                .iter()
-                .flatten()
-                .map(|r| TltRow {
-                    version: r.version,
-                    members: r.members.iter().filter_map(|m| index.get(m).copied()).collect(),
-                    pending: r
-                        .pending
-                        .iter()
-                        .filter_map(|p| index.get(&p.id).map(|&member| Pending { column: p.column, member }))
-                        .collect(),
-                })
-                .collect(),
-        };
-        tlt.validate()
-            .map_err(|e| MetaError::BadChange(format!("reported assignments are inconsistent: {e}")))?;
-        if tlt.tract_size != self.cfg.tract_size || tlt.replication != self.cfg.replication {
-            tracing::warn!(
-                tract_size = tlt.tract_size,
-                replication = tlt.replication,
-                "adopting the cluster's stored parameters, which differ from this server's flags"
-            );
-        }
-        let filling: Filling = rows
-            .iter()
-            .flatten()
-            .map(|r| {
-                let holder = |id: &TsId| r.members.contains(id) || r.pending.iter().any(|p| p.id == *id);
-                (r.row as usize, r.filling.iter().copied().filter(holder).collect::<BTreeSet<TsId>>())
-            })
-            .filter(|(_, f)| !f.is_empty())
-            .collect();
-        tracing::info!(
-            version = tlt.version,
-            rows_filling = filling.len(),
-            "rebuilt the TLT from tractserver reports"
-        );
-        Ok((Arc::new(tlt), filling))
-    }
-
-    /// Sends each of `ids` its assignment under `tlt` and waits for all to
-    /// store it.
-    async fn push_assignments(&self, tlt: &Tlt, filling: &Filling, ids: &[TsId]) -> Result<(), MetaError> {
-        let calls = ids.iter().map(|id| async move {
-            // A member that left every row is not in the table any more:
-            // its address is the one it heartbeats from.
-            let addr = match tlt.member_index(*id) {
-                Some(i) => tlt.members[i as usize].addr.clone(),
-                None => lock(&self.state).members.get(id).map(|m| m.addr.clone()).unwrap_or_default(),
-            };
-            let assignment = assignment_for(tlt, filling, *id);
-            let req = Request::AssignRows { assignment: assignment.clone() };
-            let res = match self.conn(&addr).await {
-                Ok(c) => c.call_timeout(&self.env, self.cfg.request_timeout, &req, Bytes::new()).await,
-                Err(e) => Err(e),
-            };
-            // What it holds now, for judging whether it may serve.
-            if res.is_ok() {
-                if let Some(m) = lock(&self.state).members.get_mut(id) {
-                    m.reported = Some(assignment);
-                }
-            }
-            res.map(|_| ()).map_err(|error| MetaError::AssignFailed { id: *id, error })
-        });
-        for r in futures::future::join_all(calls).await {
-            r?;
-        }
-        Ok(())
-    }
-
-    async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
-        if let Some(c) = lock(&self.conns).get(addr).filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        let c = RpcConn::connect(&self.env, addr).await?;
-        lock(&self.conns).insert(addr.to_string(), c.clone());
-        Ok(c)
-    }
-
-    /// Changes the members of some rows: bumps their versions, has every
-    /// tractserver of the old and new rows store its new assignment, and
-    /// only then serves the new table (FDS §3.1). Giving a row its current
-    /// members just bumps its version.
-    pub async fn reassign_rows(&self, changes: &[(usize, Vec<TsId>)]) -> Result<Arc<Tlt>, MetaError> {
-        let _change = self.change.lock().await;
-        let (cur, filling) = {
-            let st = lock(&self.state);
-            (st.tlt.clone().ok_or(MetaError::NotReady)?, st.filling.clone())
-        };
-        let changes: Vec<RowChange> = changes
-            .iter()
-            .map(|(row, ids)| RowChange {
-                row: *row,
-                members: ids.clone(),
-                filling: filling.get(row).cloned().unwrap_or_default(),
-                pending: cur
-                    .rows
-                    .get(*row)
-                    .map(|r| {
-                        r.pending
-                            .iter()
-                            .map(|p| (p.column, cur.members[p.member as usize].id))
-                            .filter(|(_, id)| !ids.contains(id))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                bump: true,
-            })
-            .collect();
-        let t = self.commit(&cur, &changes).await?;
-        tracing::info!(rows = changes.len(), version = t.version, "TLT rows reassigned");
-        Ok(t)
-    }
-
-    /// Applies row changes to `cur`: new versions for changed memberships,
-    /// every live tractserver of the old and new rows stores its new
-    /// assignment, and only then is the table served. Runs under `change`.
-    async fn commit(&self, cur: &Arc<Tlt>, changes: &[RowChange]) -> Result<Arc<Tlt>, MetaError> {
-        let (members, mut filling, dead, floors, tlt_floor) = {
-            let st = lock(&self.state);
-            (
-                st.members.clone(),
-                st.filling.clone(),
-                st.dead.clone(),
-                st.row_version_floor.clone(),
-                st.tlt_version_floor,
-            )
-        };
-        let mut t = (**cur).clone();
-        let mut affected = BTreeSet::new();
-        let mut bumped = Vec::new();
-        for c in changes {
-            let Some(r) = t.rows.get(c.row) else {
-                return Err(MetaError::BadChange(format!("row {} does not exist", c.row)));
-            };
-            affected.extend(
-                r.members
-                    .iter()
-                    .chain(r.pending.iter().map(|p| &p.member))
-                    .map(|&m| t.members[m as usize].id),
-            );
-            if c.members.len() != t.replication as usize {
-                return Err(MetaError::BadChange(format!("row {} needs {} members", c.row, t.replication)));
-            }
-            let mut index = |t: &mut Tlt, id: TsId| -> Result<u32, MetaError> {
-                affected.insert(id);
-                match t.member_index(id) {
-                    Some(i) => Ok(i),
-                    None => {
-                        let Some(m) = members.get(&id) else {
-                            return Err(MetaError::BadChange(format!("tractserver {id} is not registered")));
-                        };
-                        t.members.push(TltMember { id, addr: m.addr.clone(), domain: m.domain.clone() });
-                        Ok((t.members.len() - 1) as u32)
-                    }
-                }
-            };
-            let mut idx = Vec::with_capacity(c.members.len());
-            for id in &c.members {
-                idx.push(index(&mut t, *id)?);
-            }
-            let mut pending = Vec::with_capacity(c.pending.len());
-            for (column, id) in &c.pending {
-                pending.push(Pending { column: *column, member: index(&mut t, *id)? });
-            }
-            let r = &mut t.rows[c.row];
-            r.members = idx;
-            r.pending = pending;
-            // Only the row's holders can be filling it: a filling member
-            // replaced by a committed pending one leaves the row, and a
-            // mark it kept would wait forever for a report.
-            let c_filling: BTreeSet<TsId> = c
-                .filling
-                .iter()
-                .copied()
-                .filter(|id| c.members.contains(id) || c.pending.iter().any(|(_, p)| p == id))
-                .collect();
-            if c.bump {
-                r.version =
-                    r.version.max(floors.get(&c.row).copied().unwrap_or(0)).max(self.version_base) + 1;
-                bumped.push((c.row, r.version));
-            }
-            if c_filling.is_empty() {
-                filling.remove(&c.row);
-            } else {
-                filling.insert(c.row, c_filling);
-            }
-        }
-        t.version = t.version.max(tlt_floor).max(self.version_base) + 1;
-        t.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
-        // FDS §3.1's invariant, checked rather than trusted: a refused
-        // change is logged and retried next round, never served.
-        plan::check_change(cur, &t, &floors, tlt_floor)
-            .map_err(|e| MetaError::BadChange(format!("invariant violated, change not served: {e}")))?;
-        {
-            let mut st = lock(&self.state);
-            st.row_version_floor.extend(bumped);
-            st.tlt_version_floor = t.version;
-        }
-        // A dead member cannot store anything: it is told to stop serving
-        // when it heartbeats again, and then given its assignment.
-        let unsettled = lock(&self.state).unsettled.clone();
-        let ids: Vec<TsId> = affected.union(&unsettled).copied().filter(|id| !dead.contains(id)).collect();
-        lock(&self.state).unsettled.extend(ids.iter().copied());
-        self.push_assignments(&t, &filling, &ids).await?;
-        let t = Arc::new(t);
-        let mut st = lock(&self.state);
-        for id in &ids {
-            st.unsettled.remove(id);
-        }
-        st.tlt = Some(t.clone());
-        st.filling = filling;
-        Ok(t)
-    }
-
-    /// One recovery round (FDS §3.2; the cases are `plan`'s): snapshot
-    /// the view, plan, apply the plan's member states, commit its row
-    /// changes and settle its members in one assignment round, log.
-    async fn recover(&self) -> Result<(), MetaError> {
-        let now = self.env.now();
-        let (cur, members, filling, dead, ready_since) = {
-            let mut st = lock(&self.state);
-            let Some(cur) = st.tlt.clone() else { return Ok(()) };
-            // Rounds start every half heartbeat interval after the last one
-            // ended; a much longer gap means this process was stalled, and
-            // heartbeats may be queued.
-            if st.last_recover.is_some_and(|t| now.duration_since(t) > self.cfg.heartbeat_interval * 4) {
-                tracing::warn!("metadata server was stalled; restarting every member's silence clock");
-                st.ready_since = Some(now);
-            }
-            (cur, st.members.clone(), st.filling.clone(), st.dead.clone(), st.ready_since.unwrap_or(now))
-        };
-        let silent: BTreeMap<TsId, Duration> = members
-            .iter()
-            .map(|(id, m)| (*id, now.duration_since(m.last_heartbeat.max(ready_since))))
-            .collect();
-        let view = View {
-            tlt: &cur,
-            members: &members,
-            filling: &filling,
-            dead: &dead,
-            silent: &silent,
-            silence: now.duration_since(ready_since),
-        };
-        let rules =
-            Rules { dead_after: self.cfg.dead_after, recovery: self.cfg.recovery, grow: self.cfg.grow };
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
-        let plan = plan::plan(&view, &rules, &mut rng);
-        for (id, silent) in &plan.died {
-            tracing::error!(%id, silent_ms = silent.as_millis() as u64, "tractserver declared dead");
-        }
-        {
-            let mut st = lock(&self.state);
-            st.dead = plan.dead.clone();
-            st.tlt_version_floor = st.tlt_version_floor.max(plan.tlt_floor);
-            for (row, v) in &plan.row_floors {
-                let f = st.row_version_floor.entry(*row).or_default();
-                *f = (*f).max(*v);
-            }
-            // Settled members get their assignment in this round (`commit`
-            // pushes every unsettled member), in a table version above any
-            // handed out before, so no older push still in flight can
-            // replace it; until then their heartbeats keep them from serving.
-            st.unsettled.extend(plan.settle().copied());
-        }
-        if plan.stuck > 0 {
-            let mut st = lock(&self.state);
-            if st.last_complaint.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(10)) {
-                tracing::error!(
-                    rows = plan.stuck,
-                    "rows name a dead tractserver and cannot be re-replicated (no complete member alive, or no \
-                     live tractserver outside the row's failure domains): restart the dead tractservers or add new ones"
-                );
-                st.last_complaint = Some(now);
-            }
-        }
-        if !plan.commits() {
-            return Ok(());
-        }
-        let t = self.commit(&cur, &plan.changes).await?;
-        for id in &plan.returned {
-            let filling = lock(&self.state).filling.clone();
-            let rows = assignment_for(&t, &filling, *id).rows.len();
-            tracing::info!(%id, rows, "declared-dead tractserver is back and holds its current assignment");
-        }
-        for id in &plan.stale {
-            tracing::info!(%id, "gave a tractserver with a stale assignment its current one");
-        }
-        for (rows, what) in plan.summary(&cur).into_iter().filter(|(n, _)| *n > 0) {
-            tracing::info!(rows, version = t.version, "{what}");
-        }
-        let joined: BTreeSet<TsId> = plan
-            .changes
-            .iter()
-            .flat_map(|c| c.pending.iter().map(|(_, id)| *id))
-            .filter(|id| {
-                !cur.rows.iter().any(|r| r.pending.iter().any(|p| cur.members[p.member as usize].id == *id))
-            })
-            .collect();
-        for id in joined {
-            tracing::info!(%id, "tractserver joined the TLT: copying its share of rows (pending)");
-        }
-        Ok(())
-    }
-
     pub fn status(&self) -> ClusterStatus {
         let now = self.env.now();
+        let (tlt, dead, filling) = self.replica.read(|s| (s.tlt.clone(), s.dead.clone(), s.filling.clone()));
+        let leading = self.is_leader();
         let st = lock(&self.state);
-        let (rows, primaries) = match &st.tlt {
+        let (rows, primaries) = match &tlt {
             Some(t) => {
                 let rows: Vec<Vec<u32>> = t.rows.iter().map(|r| r.members.clone()).collect();
                 row_counts(t.members.len(), &rows)
@@ -789,13 +403,13 @@ impl MetaServer {
             None => (vec![], vec![]),
         };
         let mut ids: BTreeSet<TsId> = st.members.keys().copied().collect();
-        if let Some(t) = &st.tlt {
+        if let Some(t) = &tlt {
             ids.extend(t.members.iter().map(|m| m.id));
         }
         let members = ids
             .into_iter()
             .map(|id| {
-                let pos = st.tlt.as_ref().and_then(|t| t.member_index(id)).map(|i| i as usize);
+                let pos = tlt.as_ref().and_then(|t| t.member_index(id)).map(|i| i as usize);
                 let (r, p) = pos.map(|i| (rows[i], primaries[i])).unwrap_or((0, 0));
                 match st.members.get(&id) {
                     Some(m) => {
@@ -806,14 +420,14 @@ impl MetaServer {
                             domain: m.domain.clone(),
                             // Three missed heartbeats show as down (silent, not
                             // yet dead); `dead_after` declares it dead.
-                            alive: age < self.cfg.heartbeat_interval * 3 && !st.dead.contains(&id),
+                            alive: age < self.cfg.heartbeat_interval * 3 && !dead.contains(&id),
                             last_heartbeat_ms: age.as_millis() as u64,
                             slots_total: m.slots_total,
                             slots_used: m.slots_used,
                             load: m.load,
                             rows: r,
                             primaries: p,
-                            dead: st.dead.contains(&id),
+                            dead: dead.contains(&id),
                             fill: m.fill,
                         }
                     }
@@ -828,18 +442,22 @@ impl MetaServer {
                         load: 0,
                         rows: r,
                         primaries: p,
-                        dead: st.dead.contains(&id),
+                        dead: dead.contains(&id),
                         fill: FillProgress::default(),
                     },
                 }
             })
             .collect();
-        let t = st.tlt.as_ref();
+        let t = tlt.as_ref();
         ClusterStatus {
-            phase: match st.phase {
-                Phase::Waiting if st.first_report.is_some() => "recovering".into(),
-                Phase::Waiting => "waiting".into(),
-                Phase::Ready => "ready".into(),
+            phase: if !leading {
+                "follower".into()
+            } else if tlt.is_some() {
+                "ready".into()
+            } else if st.first_report.is_some() {
+                "recovering".into()
+            } else {
+                "waiting".into()
             },
             cluster_id: t.map(|t| t.cluster_id).unwrap_or(0),
             tract_size: t.map(|t| t.tract_size).unwrap_or(self.cfg.tract_size),
@@ -847,11 +465,11 @@ impl MetaServer {
             tlt_version: t.map(|t| t.version).unwrap_or(0),
             tlt_rows: t.map(|t| t.rows.len() as u32).unwrap_or(0),
             members,
-            rows_filling: st.filling.values().filter(|f| !f.is_empty()).count() as u32,
+            rows_filling: filling.values().filter(|f| !f.is_empty()).count() as u32,
             rows_degraded: t.map_or(0, |t| {
                 t.rows
                     .iter()
-                    .filter(|r| r.members.iter().any(|&m| st.dead.contains(&t.members[m as usize].id)))
+                    .filter(|r| r.members.iter().any(|&m| dead.contains(&t.members[m as usize].id)))
                     .count() as u32
             }),
         }
@@ -898,19 +516,23 @@ impl MetaServer {
             .finish()
     }
 
-    fn handle(&self, req: Request) -> Result<Reply, ErrorReply> {
+    async fn handle(&self, req: Request) -> Result<Reply, ErrorReply> {
         match req {
             Request::Ping => Ok(Reply::Done),
-            Request::Heartbeat(hb) => self.heartbeat(hb),
-            // Always the whole table: a metadata server rebuilt after a
+            Request::Heartbeat(hb) => self.heartbeat(hb).await,
+            // Always the whole table: a single server rebuilt after a
             // restart may reuse a version number for a table that differs
             // in addresses, so "you are current" cannot be trusted on the
             // version alone. Clients fetch only when something is stale.
             Request::GetTlt { have_version: _ } => match self.tlt() {
                 Some(t) => Ok(Reply::Tlt(Some((*t).clone()))),
-                None => Err(err(ErrorCode::NotReady, "the cluster has no TLT yet; waiting for tractservers")),
+                None if self.is_leader() => {
+                    Err(err(ErrorCode::NotReady, "the cluster has no TLT yet; waiting for tractservers"))
+                }
+                None => Err(self.not_leader()),
             },
-            Request::ClusterStatus => Ok(Reply::ClusterStatus(self.status())),
+            Request::ClusterStatus if self.is_leader() => Ok(Reply::ClusterStatus(self.status())),
+            Request::ClusterStatus => Err(self.not_leader()),
             Request::ClusterParams => {
                 let t = self.tlt();
                 Ok(Reply::ClusterParams(ClusterParams {
@@ -931,7 +553,7 @@ impl Service for MetaServer {
         _data: Bytes,
         _caller: Caller,
     ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
-        async move { (self.handle(req), Bytes::new()) }.boxed()
+        async move { (self.handle(req).await, Bytes::new()) }.boxed()
     }
 }
 
@@ -945,25 +567,47 @@ pub struct MetaHandle {
 impl MetaHandle {
     pub async fn stop(self) {
         self.tasks.stop().await;
+        self.server.replica.shutdown().await;
     }
 
     pub async fn wait(self) {
         self.tasks.wait().await;
+        self.server.replica.shutdown().await;
     }
 }
 
-/// Binds and starts the metadata server and its phase ticker.
+/// Binds, starts the replica (of a group, or alone) and the round ticker.
 pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
-    let server = Arc::new(MetaServer::new(env.clone(), cfg.clone())?);
+    validate(&cfg)?;
     let listener =
         env.bind(&cfg.listen).await.map_err(|error| MetaError::Bind { addr: cfg.listen.clone(), error })?;
     let addr = listener.local_addr();
-    tracing::info!(%addr, "metadata server listening");
+    let (replica, front) = match &cfg.group {
+        None => (Replica::solo(), None),
+        Some(g) => {
+            let (r, front) = Replica::group(&env, g).await?;
+            (r, Some(front))
+        }
+    };
+    let server = Arc::new(MetaServer::new(env.clone(), cfg.clone(), replica)?);
+    match &cfg.group {
+        Some(g) => tracing::info!(%addr, id = g.id, replicas = g.peers.len(), "metadata replica listening"),
+        None => tracing::info!(%addr, "metadata server listening"),
+    }
     let (shutdown, rx) = ShutdownHandle::new();
-    let mut tasks = vec![
-        tokio::spawn(serve(env.clone(), listener, server.clone(), ServerLimits::default(), rx.clone())),
-        tokio::spawn(ticker(env.clone(), server.clone(), cfg.heartbeat_interval, rx.clone())),
-    ];
+    let served = match front {
+        // One address for the replica's peers and its clients (module header).
+        Some(front) => {
+            let both: Arc<dyn Service<Either<Replicated, Blob>>> =
+                Arc::new(EitherService { left: front, right: server.clone() as Arc<dyn Service<Blob>> });
+            tokio::spawn(serve(env.clone(), listener, both, ServerLimits::default(), rx.clone()))
+        }
+        None => {
+            tokio::spawn(serve(env.clone(), listener, server.clone(), ServerLimits::default(), rx.clone()))
+        }
+    };
+    let mut tasks =
+        vec![served, tokio::spawn(ticker(env.clone(), server.clone(), cfg.heartbeat_interval, rx.clone()))];
     if let Some(m) = &cfg.metrics_listen {
         let l = env.bind(m).await.map_err(|error| MetaError::Bind { addr: m.clone(), error })?;
         tracing::info!(addr = %l.local_addr(), "metrics at /metrics");
@@ -988,5 +632,32 @@ async fn ticker(env: Env, server: Arc<MetaServer>, interval: Duration, mut shutd
             _ = shutdown.wait() => return,
             _ = env.sleep(period) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blizzard_proto::Opcode;
+    use blizzard_replicated::proto::{OP_APPEND, OP_READ, OP_SNAPSHOT, OP_STATUS, OP_SUBMIT, OP_VOTE};
+    use blizzard_rpc::either::OneOf;
+    use blizzard_rpc::Protocol;
+
+    /// One listener, two protocols (`blizzard_rpc::either`): no opcode is
+    /// both, and each side's errors reach its callers in its own form.
+    #[test]
+    fn the_runtime_and_the_blob_protocol_share_a_listener() {
+        let runtime = [OP_APPEND, OP_VOTE, OP_SNAPSHOT, OP_SUBMIT, OP_READ, OP_STATUS];
+        for op in runtime {
+            assert!(Opcode::from_u16(op).is_none(), "opcode {op:#x} is in both protocols");
+        }
+        for op in Opcode::ALL {
+            assert!(!runtime.contains(&(op as u16)));
+        }
+        let e = ErrorReply { code: ErrorCode::NotLeader, current_version: 2, message: "ask 2".into() };
+        let blob = <Either<Replicated, Blob>>::encode_response(&Ok(OneOf::Right(Err(e.clone()))));
+        assert_eq!(Blob::decode_response(Opcode::Heartbeat as u16, &blob), Some(Ok(Err(e.clone()))));
+        let raft = <Either<Replicated, Blob>>::encode_response(&Ok(OneOf::Left(Err(e.clone()))));
+        assert_eq!(Replicated::decode_response(OP_STATUS, &raft), Some(Ok(Err(e))));
     }
 }

@@ -104,7 +104,16 @@ async fn the_table_floors_and_leases_survive_the_leaders_loss() -> R {
     let serve = |tlt| MetaOp::Serve { tlt, filling: vec![], dead: vec![TsId(3)], unsettled: vec![] };
     assert_eq!(update(&c, serve(table(10, 5))).await?, MetaReply::Done);
     assert_eq!(
-        update(&c, MetaOp::Reserve { tlt_version: 12, rows: vec![RowRef { row: 0, version: 7 }] }).await?,
+        update(
+            &c,
+            MetaOp::Reserve {
+                tlt_version: 12,
+                rows: vec![RowRef { row: 0, version: 7 }],
+                dead: vec![TsId(3)],
+                unsettled: vec![],
+            }
+        )
+        .await?,
         MetaReply::Done
     );
     assert_eq!(

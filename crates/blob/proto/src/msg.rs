@@ -788,6 +788,10 @@ pub enum ErrorCode {
     /// for writing since. `ErrorReply::current_version` is that newest
     /// epoch. Not transient: the old writer must stop.
     Fenced = 19,
+    /// A metadata replica that does not lead (design 0007): ask another.
+    /// `ErrorReply::current_version` is the leader's replica id if this
+    /// one knows it (0 if not), and the message names its address.
+    NotLeader = 20,
 }
 
 impl ErrorCode {
@@ -813,6 +817,7 @@ impl ErrorCode {
             Io,
             Aborted,
             Fenced,
+            NotLeader,
         ]
         .into_iter()
         .find(|c| *c as u16 == v)
@@ -827,6 +832,7 @@ impl ErrorCode {
                 | ErrorCode::Conflict
                 | ErrorCode::NotReady
                 | ErrorCode::Busy
+                | ErrorCode::NotLeader
         )
     }
 }

@@ -6,13 +6,16 @@
 //! runs over TCP, unix sockets and the simulator's links.
 
 mod conn;
+pub mod either;
 mod frame_io;
+mod meta;
 mod protocol;
 mod server;
 mod session;
 
 pub use conn::{Conn, RpcConn, RpcError};
 pub use frame_io::{read_frame, write_frame, Frame, ReadFrameError};
+pub use meta::{parse_meta_list, MetaService};
 pub use protocol::{Blob, Protocol};
 pub use server::{serve, serve_conn, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle};
 pub use session::{Caller, Sessions, SESSIONS_MAX};

@@ -8,13 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use blizzard_core::TsId;
 use blizzard_env::Env;
 use blizzard_proto::codec::decode;
 use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
-use blizzard_rpc::{serve, RpcConn, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
+use blizzard_rpc::{serve, MetaService, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
 use crate::layout::LayoutError;
 use crate::service::{InjectedDisk, RowIndex, TractService};
@@ -30,6 +28,7 @@ pub struct TractServerConfig {
     pub listen: String,
     /// Address to tell the metadata server (defaults to the bound address).
     pub advertise: Option<String>,
+    /// The metadata service: `ADDR[,ADDR...]`, every replica.
     pub meta: String,
     pub failure_domain: String,
     pub heartbeat_interval: Duration,
@@ -85,6 +84,8 @@ pub enum TractServerError {
     Bind { addr: String, error: std::io::Error },
     #[error("the stored TLT assignment on {0} is unreadable; the disk may be damaged")]
     BadAssignment(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 /// A running tractserver.
@@ -113,6 +114,13 @@ impl TractServerHandle {
 /// cluster's tract size), and starts serving and heartbeating.
 pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle, TractServerError> {
     let path = cfg.disk.display().to_string();
+    let mut meta = MetaService::parse(&env, &cfg.meta).map_err(TractServerError::Config)?;
+    // A replica that does not answer within a heartbeat interval or so is
+    // passed over for the next: the heartbeat that renews the lease must
+    // find the new leader well within the lease.
+    meta.attempt_timeout =
+        (cfg.heartbeat_interval * 2).clamp(Duration::from_millis(200), Duration::from_secs(2));
+    let meta = Arc::new(meta);
     let disk = env
         .open_disk(&cfg.disk, cfg.disk_size)
         .await
@@ -120,7 +128,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     let store = match Store::open(disk.clone()).await {
         Ok(s) => s,
         Err(StoreError::Layout(LayoutError::Unformatted)) => {
-            let params = cluster_params(&env, &cfg.meta).await;
+            let params = cluster_params(&env, &meta).await;
             tracing::info!(disk = %path, tract_size = params.tract_size, "formatting new disk");
             Store::format(disk, TsId(env.random_u128()), params.tract_size, env.clock.as_ref())
                 .await
@@ -135,12 +143,8 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         Some(b) => decode::<Assignment>(&b).map_err(|_| TractServerError::BadAssignment(path.clone()))?,
         None => Assignment::default(),
     };
-    let mut service = TractService::new(
-        env.clone(),
-        store.clone(),
-        cfg.meta.clone(),
-        RowIndex::new(me, assignment.clone()),
-    );
+    let mut service =
+        TractService::new(env.clone(), store.clone(), meta, RowIndex::new(me, assignment.clone()));
     // Rows this server was still copying when it stopped: copied again.
     service.fills.update(me, &assignment);
     // Nothing is served before the metadata server has answered a
@@ -194,19 +198,15 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     Ok(TractServerHandle { id: me, addr, service, tasks: ServerTasks::new(shutdown, tasks) })
 }
 
-/// Asks the metadata server for the cluster's parameters, waiting for it.
-async fn cluster_params(env: &Env, meta: &str) -> ClusterParams {
+/// Asks the metadata service for the cluster's parameters, waiting for it.
+async fn cluster_params(env: &Env, meta: &MetaService) -> ClusterParams {
     let mut warned = false;
     loop {
-        let res = match RpcConn::connect(env, meta).await {
-            Ok(c) => c.call_timeout(env, Duration::from_secs(5), &Request::ClusterParams, Bytes::new()).await,
-            Err(e) => Err(e),
-        };
-        match res {
-            Ok((Reply::ClusterParams(p), _)) => return p,
+        match meta.call(&Request::ClusterParams, Duration::from_secs(5)).await {
+            Ok((Reply::ClusterParams(p), _, _)) => return p,
             Ok(_) => tracing::warn!("metadata server sent an unexpected reply to ClusterParams"),
             Err(e) if !warned => {
-                tracing::warn!(%meta, error = %e, "waiting for the metadata server before formatting the disk");
+                tracing::warn!(meta = %meta.describe(), error = %e, "waiting for the metadata service before formatting the disk");
                 warned = true;
             }
             Err(_) => {}
@@ -222,29 +222,22 @@ async fn heartbeat_loop(
     addr: String,
     mut shutdown: Shutdown,
 ) {
-    let mut conn: Option<RpcConn> = None;
     let mut interval = cfg.heartbeat_interval;
     let mut failing = false;
-    // The assignment rides on the first heartbeat of every connection (a
-    // new metadata server needs it to rebuild the TLT) and whenever the
-    // metadata server asks; otherwise heartbeats stay a few dozen bytes.
+    // The assignment rides on the first heartbeat to each metadata leader
+    // (a new one judges it; a restarted single server rebuilds the TLT
+    // from it) and whenever the metadata server asks; otherwise
+    // heartbeats stay a few dozen bytes.
     let mut send_assignment = true;
+    let mut leader: Option<String> = None;
+    let meta = service.meta.clone();
     loop {
-        if conn.as_ref().is_none_or(|c| c.is_closed()) {
-            // Bounded: after a long partition a connect can hang on lost
-            // packets, and the heartbeat is what restores the lease.
-            conn = env
-                .timeout(cfg.request_timeout, RpcConn::connect(&env, &cfg.meta))
-                .await
-                .ok()
-                .and_then(|c| c.ok());
-            send_assignment = true;
-        }
-        if let Some(c) = &conn {
-            let (slots_total, slots_used) = service.store.usage();
-            let rows = service.row_index();
-            let (filled, fill) = service.fills.report();
-            let hb = Heartbeat {
+        let (slots_total, slots_used) = service.store.usage();
+        let rows = service.row_index();
+        let (filled, fill) = service.fills.report();
+        let stored = (rows.assignment.cluster_id != 0).then_some(rows.assignment);
+        let heartbeat = |to: &str| {
+            Request::Heartbeat(Heartbeat {
                 ts_id: service.store.disk_id(),
                 addr: addr.clone(),
                 domain: cfg.failure_domain.clone(),
@@ -253,46 +246,61 @@ async fn heartbeat_loop(
                 slots_used,
                 load: service.inflight.load(Ordering::Relaxed),
                 disk_mbps: service.store.disk_mbps(),
-                assignment: (send_assignment && rows.assignment.cluster_id != 0).then_some(rows.assignment),
-                filled,
+                // To a replica other than the one that answered the last
+                // heartbeat (a new leader, which judges it: not asked for,
+                // since the request that asks went to the old one), and
+                // whenever asked.
+                assignment: stored.clone().filter(|_| send_assignment || leader.as_deref() != Some(to)),
+                filled: filled.clone(),
                 fill,
-            };
-            // The lease counts from the sending: the metadata server's
-            // silence clock started no earlier than that.
-            let sent = env.now();
-            match c.call_timeout(&env, cfg.request_timeout, &Request::Heartbeat(hb), Bytes::new()).await {
-                Ok((Reply::Heartbeat(r), _)) => {
-                    if failing {
-                        tracing::info!(meta = %cfg.meta, "metadata server reachable again");
-                        failing = false;
-                    }
-                    interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
-                    send_assignment = r.send_assignment;
-                    // The fence goes up before the lease is renewed: a server
-                    // declared dead must not serve its old rows even for the
-                    // instant in between. It comes down on a reply that says
-                    // continue from a metadata server that serves a table
-                    // (not one rebuilding it, which asks for assignments and
-                    // cannot judge them yet): it sends that only once this
-                    // server's stored assignment is current.
-                    let fence = r.action == HeartbeatAction::StopServing;
-                    if fence && !service.fenced.swap(true, Ordering::AcqRel) {
-                        tracing::error!("the metadata server says this tractserver's rows are stale or given away; refusing requests until it sends the current assignment");
-                    }
-                    *service.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
-                        (r.lease_ms > 0).then(|| sent + Duration::from_millis(r.lease_ms as u64));
-                    if !fence && !r.send_assignment && service.fenced.swap(false, Ordering::AcqRel) {
-                        tracing::info!("the metadata server says this tractserver's assignment is current; serving again");
-                    }
+            })
+        };
+        // The lease counts from the sending: the metadata server's
+        // silence clock started no earlier than that.
+        let sent = env.now();
+        // Bounded: the heartbeat is what restores the lease, and the next
+        // one must go out on time.
+        match meta.call_with(heartbeat, cfg.request_timeout.min(interval * 4)).await {
+            Ok((Reply::Heartbeat(r), _, from)) => {
+                if failing {
+                    tracing::info!(meta = %from, "metadata service reachable again");
+                    failing = false;
                 }
-                Ok(_) => tracing::warn!("unexpected heartbeat reply"),
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(meta = %cfg.meta, error = %e, "heartbeat failed");
-                        failing = true;
+                if leader.as_deref() != Some(from.as_str()) {
+                    if leader.is_some() {
+                        tracing::info!(meta = %from, "metadata leader moved");
                     }
-                    conn = None;
+                    leader = Some(from);
                 }
+                interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
+                send_assignment = r.send_assignment;
+                // The fence goes up before the lease is renewed: a server
+                // declared dead must not serve its old rows even for the
+                // instant in between. It comes down on a reply that says
+                // continue from a metadata server that serves a table
+                // (not one rebuilding it, which asks for assignments and
+                // cannot judge them yet): it sends that only once this
+                // server's stored assignment is current.
+                let fence = r.action == HeartbeatAction::StopServing;
+                if fence && !service.fenced.swap(true, Ordering::AcqRel) {
+                    tracing::error!("the metadata server says this tractserver's rows are stale or given away; refusing requests until it sends the current assignment");
+                }
+                *service.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                    (r.lease_ms > 0).then(|| sent + Duration::from_millis(r.lease_ms as u64));
+                if !fence && !r.send_assignment && service.fenced.swap(false, Ordering::AcqRel) {
+                    tracing::info!(
+                        "the metadata server says this tractserver's assignment is current; serving again"
+                    );
+                }
+            }
+            Ok(_) => tracing::warn!("unexpected heartbeat reply"),
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(meta = %meta.describe(), error = %e, "heartbeat failed");
+                    failing = true;
+                }
+                // Whoever answers next may be a new leader: tell it.
+                send_assignment = true;
             }
         }
         tokio::select! {

@@ -156,8 +156,8 @@ pub struct TractService {
     pub env: Env,
     pub store: Arc<Store>,
     pub rows: RwLock<RowIndex>,
-    /// Where to find the metadata server (to learn peer addresses).
-    pub meta_addr: String,
+    /// The metadata service (to learn peer addresses, and heartbeat).
+    pub meta: Arc<blizzard_rpc::MetaService>,
     pub request_timeout: Duration,
     /// Injected delay before every tract read and write: stands in for a
     /// remote disk's seek and network time in benchmarks.
@@ -239,13 +239,18 @@ pub(crate) fn decode_meta(b: &[u8]) -> Option<BlobMeta> {
 }
 
 impl TractService {
-    pub fn new(env: Env, store: Arc<Store>, meta_addr: String, rows: RowIndex) -> TractService {
+    pub fn new(
+        env: Env,
+        store: Arc<Store>,
+        meta: Arc<blizzard_rpc::MetaService>,
+        rows: RowIndex,
+    ) -> TractService {
         TractService {
             boot: env.random_u64(),
             env,
             store,
             rows: RwLock::new(rows),
-            meta_addr,
+            meta,
             request_timeout: Duration::from_secs(10),
             io_delay: Duration::ZERO,
             io_bandwidth: AtomicU64::new(0),
@@ -903,13 +908,11 @@ impl TractService {
 
     /// The metadata server's current TLT.
     pub(crate) async fn fetch_tlt(&self) -> Result<blizzard_core::tlt::Tlt, RpcError> {
-        let conn = self.conn(&self.meta_addr.clone()).await?;
-        let (reply, _) = conn
-            .call_timeout(&self.env, self.request_timeout, &Request::GetTlt { have_version: 0 }, Bytes::new())
-            .await?;
+        let (reply, _, addr) =
+            self.meta.call(&Request::GetTlt { have_version: 0 }, self.request_timeout).await?;
         match reply {
             Reply::Tlt(Some(t)) if t.validate().is_ok() => Ok(t),
-            _ => Err(RpcError::ConnectionLost(format!("{}: no valid TLT", self.meta_addr))),
+            _ => Err(RpcError::ConnectionLost(format!("{addr}: no valid TLT"))),
         }
     }
 
@@ -925,10 +928,8 @@ impl TractService {
                 return Ok(a.clone());
             }
         }
-        let conn = self.conn(&self.meta_addr.clone()).await?;
-        let (reply, _) = conn
-            .call_timeout(&self.env, self.request_timeout, &Request::GetTlt { have_version: 0 }, Bytes::new())
-            .await?;
+        let (reply, _, _) =
+            self.meta.call(&Request::GetTlt { have_version: 0 }, self.request_timeout).await?;
         if let Reply::Tlt(Some(tlt)) = reply {
             let mut peers = lock(&self.peers);
             for m in &tlt.members {

@@ -1,0 +1,161 @@
+//! The metadata service as three real `blizzard meta` processes (design
+//! 0007): six tractservers at 3-way replication serve a blob load that
+//! checks every byte it reads against what was acknowledged, while the
+//! leading replica is SIGKILLed and restarted, once per replica. The load
+//! sees no error (tractservers keep serving on their leases while a new
+//! leader is elected); a killed replica restarts and catches up; the
+//! longest time no load operation completed is reported.
+
+#![allow(clippy::unwrap_used)]
+// Real processes, sockets and time.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use blizzard_client::{Client, ClientConfig};
+use blizzard_env::Env;
+use blizzard_replicated::node::status_of_member;
+
+use common::{free_port, meta_args, Proc, Shared};
+
+const TRACTSERVERS: usize = 6;
+const REPLICATION: u8 = 3;
+
+fn spawn_meta(dir: &Path, addrs: &[String], i: usize) -> Proc {
+    let peers: Vec<String> = addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
+    let mut args = meta_args(&addrs[i], REPLICATION, TRACTSERVERS, None);
+    args.extend([
+        "--id".to_string(),
+        (i + 1).to_string(),
+        "--peers".to_string(),
+        peers.join(","),
+        "--data".to_string(),
+        dir.join(format!("meta-{}", i + 1)).display().to_string(),
+    ]);
+    let name = format!("meta{}", i + 1);
+    Proc::spawn(&name, &args, dir.join(format!("{name}-{}.log", free_port())), addrs[i].clone())
+}
+
+/// The replica that leads, by its own account.
+async fn leader(addrs: &[String]) -> Option<usize> {
+    for (i, a) in addrs.iter().enumerate() {
+        if let Ok(s) = status_of_member(&Env::real(), a, Duration::from_millis(300)).await {
+            if s.state == "leader" {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+async fn wait_leader(addrs: &[String], not: Option<usize>) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(l) = leader(addrs).await.filter(|l| Some(*l) != not) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "no metadata leader within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_continues_while_each_metadata_leader_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let meta = addrs.join(",");
+    let mut metas: Vec<Proc> = (0..3).map(|i| spawn_meta(dir.path(), &addrs, i)).collect();
+    let mut ts = Vec::new();
+    for i in 0..TRACTSERVERS {
+        let disk = dir.path().join(format!("ts{i}.disk")).display().to_string();
+        let args: Vec<String> = [
+            "tractserver",
+            "--disk",
+            &disk,
+            "--create-size",
+            "256MiB",
+            "--meta",
+            &meta,
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        ts.push(Proc::spawn(&format!("ts{i}"), &args, dir.path().join(format!("ts{i}.log")), String::new()));
+    }
+    let env = Env::real();
+    let mut cfg = ClientConfig::new(meta.clone());
+    cfg.connect_timeout = Duration::from_secs(60);
+    let client = Client::connect(env.clone(), cfg).await.unwrap();
+    let mut rng = SmallRng::seed_from_u64(env.random_u64());
+    let (blobs, model) = common::fill_blobs(&client, &mut rng, 2, 16, REPLICATION).await;
+    let shared = Arc::new(Shared::new(blobs, model, 2, client.tract_size() as usize, 64 << 10));
+    let load = common::start_load(&shared, env.random_u64(), 3, 2);
+    // The longest time in which no operation of the load completed.
+    let stall = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let (mut last, mut since, mut longest) = ((0, 0), Instant::now(), Duration::ZERO);
+            while !shared.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let now = shared.ops();
+                if now != last {
+                    last = now;
+                    since = Instant::now();
+                }
+                longest = longest.max(since.elapsed());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            longest
+        })
+    };
+
+    let mut killed = std::collections::BTreeSet::new();
+    while killed.len() < 3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let l = wait_leader(&addrs, None).await;
+        let before = shared.ops();
+        let t = Instant::now();
+        println!("SIGKILL metadata leader meta{} ({})", l + 1, addrs[l]);
+        metas[l].kill();
+        let next = wait_leader(&addrs, Some(l)).await;
+        println!("meta{} leads after {} ms", next + 1, t.elapsed().as_millis());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        shared.assert_no_failures(&format!("after killing meta{}", l + 1));
+        let after = shared.ops();
+        assert!(after.0 > before.0 && after.1 > before.1, "the load went on: {before:?} -> {after:?}");
+        metas[l] = spawn_meta(dir.path(), &addrs, l);
+        killed.insert(l);
+        // It catches up (its own log, then the leader's).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = status_of_member(&env, &addrs[l], Duration::from_millis(500)).await;
+            let lead = status_of_member(&env, &addrs[next], Duration::from_millis(500)).await;
+            if let (Ok(s), Ok(lead)) = (s, lead) {
+                if s.applied.is_some() && s.applied >= lead.committed.map(|c| c.saturating_sub(2)) {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "meta{} did not catch up within 30 s", l + 1);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    common::stop_load(&shared, load).await;
+    let longest = stall.await.unwrap();
+    common::verify(&shared, "after every replica was killed once").await;
+    let (w, r) = shared.ops();
+    println!(
+        "load: {w} writes, {r} reads, no errors; longest time without a completed operation: {} ms",
+        longest.as_millis()
+    );
+    for p in ts.iter_mut().chain(metas.iter_mut()) {
+        p.check_running();
+    }
+}
