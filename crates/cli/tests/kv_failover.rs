@@ -22,7 +22,6 @@ use bytes::Bytes;
 use blizzard_env::Env;
 use blizzard_replicated::client::{Client, ClientConfig};
 use blizzard_replicated::ds::ops::{Query, QueryReply, Update, UpdateReply};
-use blizzard_replicated::node::status_of_member;
 
 use common::Proc;
 
@@ -95,17 +94,6 @@ async fn load(client: Client, id: usize, stop: Arc<AtomicBool>, seen: Arc<Mutex<
     }
 }
 
-async fn leader(addrs: &[String]) -> Option<usize> {
-    for (i, a) in addrs.iter().enumerate() {
-        if let Ok(s) = status_of_member(&Env::real(), a, Duration::from_millis(300)).await {
-            if s.state == "leader" {
-                return Some(i);
-            }
-        }
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_killed_ten_times_loses_nothing_and_applies_nothing_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,7 +130,7 @@ async fn the_leader_killed_ten_times_loses_nothing_and_applies_nothing_twice() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let deadline = Instant::now() + Duration::from_secs(20);
         let victim = loop {
-            if let Some(l) = leader(&addrs).await {
+            if let Some(l) = common::group_leader(&addrs).await {
                 break l;
             }
             assert!(Instant::now() < deadline, "no leader before kill {kill}");

@@ -43,22 +43,10 @@ fn spawn_meta(dir: &Path, addrs: &[String], i: usize) -> Proc {
     Proc::spawn(&name, &args, dir.join(format!("{name}-{}.log", free_port())), addrs[i].clone())
 }
 
-/// The replica that leads, by its own account.
-async fn leader(addrs: &[String]) -> Option<usize> {
-    for (i, a) in addrs.iter().enumerate() {
-        if let Ok(s) = status_of_member(&Env::real(), a, Duration::from_millis(300)).await {
-            if s.state == "leader" {
-                return Some(i);
-            }
-        }
-    }
-    None
-}
-
 async fn wait_leader(addrs: &[String], not: Option<usize>) -> usize {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(l) = leader(addrs).await.filter(|l| Some(*l) != not) {
+        if let Some(l) = common::group_leader(addrs).await.filter(|l| Some(*l) != not) {
             return l;
         }
         assert!(Instant::now() < deadline, "no metadata leader within 30 s");

@@ -30,7 +30,6 @@ use rand::SeedableRng;
 use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
 use blizzard_core::TsId;
 use blizzard_proto::{AssignedRow, Assignment, Request, RowRef};
-use blizzard_rpc::{RpcConn, RpcError};
 
 use crate::machine::{MetaOp, RowFilling};
 use crate::plan::{self, assignment_for, Filling, Member, RowChange, Rules, View};
@@ -317,7 +316,7 @@ impl MetaServer {
             };
             let assignment = assignment_for(tlt, filling, *id);
             let req = Request::AssignRows { assignment: assignment.clone() };
-            let res = match self.conn(&addr).await {
+            let res = match self.conns.get(&self.env, &addr).await {
                 Ok(c) => c.call_timeout(&self.env, self.cfg.request_timeout, &req, Bytes::new()).await,
                 Err(e) => Err(e),
             };
@@ -333,15 +332,6 @@ impl MetaServer {
             r?;
         }
         Ok(())
-    }
-
-    async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
-        if let Some(c) = lock(&self.conns).get(addr).filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        let c = RpcConn::connect(&self.env, addr).await?;
-        lock(&self.conns).insert(addr.to_string(), c.clone());
-        Ok(c)
     }
 
     /// Changes the members of some rows: bumps their versions, has every

@@ -42,7 +42,7 @@ use blizzard_proto::{
 use blizzard_replicated::proto::Replicated;
 use blizzard_rpc::either::{Either, EitherService};
 use blizzard_rpc::{
-    serve, Blob, Caller, RpcConn, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
+    serve, Blob, Caller, ConnCache, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
 };
 
 use crate::plan::{assignment_is_stale, Member};
@@ -168,8 +168,8 @@ pub struct MetaServer {
     pub(crate) change: tokio::sync::Mutex<()>,
     /// One leadership confirmation at a time; heartbeats share it.
     confirming: tokio::sync::Mutex<()>,
-    /// Ordered so connections close in the same order on every run.
-    pub(crate) conns: Mutex<BTreeMap<String, RpcConn>>,
+    /// To the tractservers rounds push assignments to.
+    pub(crate) conns: ConnCache,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -223,7 +223,7 @@ impl MetaServer {
             }),
             change: tokio::sync::Mutex::new(()),
             confirming: tokio::sync::Mutex::new(()),
-            conns: Mutex::new(BTreeMap::new()),
+            conns: ConnCache::default(),
         })
     }
 
@@ -482,7 +482,23 @@ impl MetaServer {
         let (up, dead) = (count(&|m| m.alive), count(&|m| m.dead));
         let down = s.members.len() as f64 - up - dead;
         let sum = |f: &dyn Fn(&FillProgress) -> u64| s.members.iter().map(|m| f(&m.fill) as f64).sum::<f64>();
+        let group = self.group_status();
         blizzard_metrics::Text::new()
+            .gauge(
+                "blizzard_meta_leader",
+                "1 if this metadata replica leads (a single server always does), else 0.",
+                self.is_leader() as u8 as f64,
+            )
+            .gauge(
+                "blizzard_meta_term",
+                "This replica's Raft term (0 for a single server).",
+                group.as_ref().map_or(0.0, |g| g.term as f64),
+            )
+            .gauge(
+                "blizzard_meta_applied_index",
+                "Index of the last replicated entry this replica applied (-1: none, or a single server).",
+                group.as_ref().and_then(|g| g.applied).map_or(-1.0, |a| a as f64),
+            )
             .gauges(
                 "blizzard_tractservers",
                 "Tractservers known to the metadata server, by state.",

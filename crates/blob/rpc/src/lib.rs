@@ -6,6 +6,7 @@
 //! runs over TCP, unix sockets and the simulator's links.
 
 mod conn;
+mod conns;
 pub mod either;
 mod frame_io;
 mod meta;
@@ -14,6 +15,7 @@ mod server;
 mod session;
 
 pub use conn::{Conn, RpcConn, RpcError};
+pub use conns::ConnCache;
 pub use frame_io::{read_frame, write_frame, Frame, ReadFrameError};
 pub use meta::{parse_meta_list, MetaService};
 pub use protocol::{Blob, Protocol};

@@ -14,9 +14,7 @@
 //! Followers answer reads of the table themselves (design 0007), so a
 //! table fetch is answered while the leader is being replaced.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,7 +22,8 @@ use bytes::Bytes;
 use blizzard_env::Env;
 use blizzard_proto::{ErrorCode, Reply, Request};
 
-use crate::conn::{RpcConn, RpcError};
+use crate::conn::RpcError;
+use crate::conns::ConnCache;
 
 /// Longest pause between rounds of the list.
 const PAUSE_MAX: Duration = Duration::from_millis(500);
@@ -48,16 +47,9 @@ pub struct MetaService {
     addrs: Vec<String>,
     /// The replica to try first: the one that answered last.
     first: AtomicUsize,
-    conns: Mutex<BTreeMap<String, RpcConn>>,
+    conns: ConnCache,
     /// One attempt at one replica.
     pub attempt_timeout: Duration,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 /// What one attempt came to.
@@ -85,7 +77,7 @@ impl MetaService {
             env: env.clone(),
             addrs,
             first: AtomicUsize::new(0),
-            conns: Mutex::new(BTreeMap::new()),
+            conns: ConnCache::default(),
             attempt_timeout: Duration::from_secs(2),
         }
     }
@@ -110,15 +102,6 @@ impl MetaService {
             .get(self.first.load(Ordering::Relaxed) % self.addrs.len().max(1))
             .cloned()
             .unwrap_or_default()
-    }
-
-    async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
-        if let Some(c) = lock(&self.conns).get(addr).filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        let c = RpcConn::connect(&self.env, addr).await?;
-        lock(&self.conns).insert(addr.to_string(), c.clone());
-        Ok(c)
     }
 
     /// Sends `req` to the leader (module header) within `deadline`; the
@@ -156,7 +139,7 @@ impl MetaService {
                 let addr = &self.addrs[at];
                 let req = make(addr);
                 let attempt = async {
-                    let c = self.conn(addr).await?;
+                    let c = self.conns.get(&self.env, addr).await?;
                     c.call_timeout(&self.env, self.attempt_timeout.min(left), &req, Bytes::new()).await
                 };
                 let res = match self.env.timeout(self.attempt_timeout.min(left), attempt).await {
@@ -170,7 +153,7 @@ impl MetaService {
                     }
                     Next::Elsewhere => {
                         if !matches!(res, Err(RpcError::Remote { .. })) {
-                            lock(&self.conns).remove(addr);
+                            self.conns.forget(addr);
                         }
                         last = res.err();
                         at = (at + 1) % n;

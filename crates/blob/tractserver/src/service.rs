@@ -14,7 +14,7 @@
 //! on and retried) and by the blob's writer epoch (`fence`: a request of a
 //! writer another process has replaced, refused as `Fenced`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -171,8 +171,8 @@ pub struct TractService {
     prepared: Mutex<HashMap<BlobId, Prepared>>,
     blob_locks: Mutex<HashMap<BlobId, Arc<tokio::sync::Mutex<()>>>>,
     peers: Mutex<HashMap<TsId, String>>,
-    /// Ordered so connections close in the same order on every run.
-    conns: Mutex<BTreeMap<String, RpcConn>>,
+    /// To peers, by address.
+    conns: blizzard_rpc::ConnCache,
     pub inflight: AtomicU32,
     /// Set when the metadata server says this server is no longer a member;
     /// cleared when it gives this server its current assignment.
@@ -259,7 +259,7 @@ impl TractService {
             prepared: Mutex::new(HashMap::new()),
             blob_locks: Mutex::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
-            conns: Mutex::new(BTreeMap::new()),
+            conns: blizzard_rpc::ConnCache::default(),
             inflight: AtomicU32::new(0),
             fenced: std::sync::atomic::AtomicBool::new(false),
             lease_until: Mutex::new(None),
@@ -943,12 +943,7 @@ impl TractService {
     }
 
     async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
-        if let Some(c) = lock(&self.conns).get(addr).filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        let c = RpcConn::connect(&self.env, addr).await?;
-        lock(&self.conns).insert(addr.to_string(), c.clone());
-        Ok(c)
+        self.conns.get(&self.env, addr).await
     }
 
     async fn call_peer(&self, id: TsId, req: &Request) -> Result<Reply, RpcError> {

@@ -673,3 +673,23 @@ pub async fn finish_step(
     wait_progress(shared, &format!("{step}, after recovery")).await;
     verify(shared, &format!("after {step}")).await;
 }
+
+/// The member of a replica group (runtime members or metadata replicas)
+/// that leads, by its own account: its index in `addrs`.
+#[allow(dead_code)]
+pub async fn group_leader(addrs: &[String]) -> Option<usize> {
+    for (i, a) in addrs.iter().enumerate() {
+        if let Ok(s) = blizzard_replicated::node::status_of_member(
+            &blizzard_env::Env::real(),
+            a,
+            Duration::from_millis(300),
+        )
+        .await
+        {
+            if s.state == "leader" {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
