@@ -710,7 +710,7 @@ impl Life {
                     Err(VolumeError::Exists(n)) => {
                         // A create cut off by a crash (or whose reply was
                         // lost): nothing was written to it yet.
-                        let _ = manage::delete(client, &n).await;
+                        let _ = manage::delete(self.env.clone(), client, &n).await;
                         Err(VolumeError::Exists(n))
                     }
                     Err(e) => Err(e),

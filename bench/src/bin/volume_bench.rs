@@ -176,9 +176,10 @@ impl Bench {
 
     /// Deletes a finished volume so the disks do not fill up.
     async fn drop_volume(&self, name: &str, v: Arc<Volume>) -> Result<()> {
-        v.flush_durable().await?;
+        // Durable, and its lease given up: the delete takes the lease.
+        v.release().await?;
         drop(v);
-        manage::delete(&self.client, name).await?;
+        manage::delete(self.env.clone(), &self.client, name).await?;
         Ok(())
     }
 }

@@ -114,9 +114,20 @@ enum Cmd {
         /// Listen on a unix socket instead.
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// The export a client gets when it asks for the default (empty) name.
+        /// The export a client gets when it asks for the default (empty)
+        /// name. Opened at start: a volume another process holds stops the
+        /// server at once, naming the holder.
         #[arg(long)]
         default_export: Option<String>,
+        /// Export every volume read-only, without taking its lease: a
+        /// process writing it carries on (a write-through or fast-ack
+        /// volume's blob is read as it is).
+        #[arg(long, conflicts_with = "take_over")]
+        read_only: bool,
+        /// Take each volume even from a process that holds it (only when
+        /// that process is dead: its late writes are refused from then on).
+        #[arg(long)]
+        take_over: bool,
         /// Test hook: open volumes with this bug planted (see `crashcheck
         /// --plant`), so a real-process test can show its check fails.
         #[arg(long, hide = true, default_value = "none", value_parser = planted)]
@@ -266,6 +277,10 @@ enum Cmd {
         volume: String,
         #[arg(long)]
         log: PathBuf,
+        /// Take the volume from the killed client without waiting for its
+        /// lease to end.
+        #[arg(long)]
+        take_over: bool,
     },
     /// A replica group of the replicated runtime (Raft) serving an ordered
     /// map, priority queues and a graph, and its client commands.
@@ -441,7 +456,7 @@ async fn run(cli: Cli) -> Result<()> {
                 .with_context(|| format!("starting the embedded cluster in {}", data.display()))?;
             let client = cluster.client().await?;
             self_check(&client).await.context("self-check of the blob store failed")?;
-            let vol = match manage::open_with(env.clone(), &client, &volume, plant).await {
+            let vol = match open_waiting(&env, &client, &volume, plant).await {
                 Ok(v) => v,
                 Err(blizzard_volume::VolumeError::NotFound(_)) => {
                     let mut spec = VolumeSpec::new(volume.clone(), size);
@@ -466,7 +481,8 @@ async fn run(cli: Cli) -> Result<()> {
             let sb = vol.superblock().clone();
             // The NBD server opens it again, once, for all its connections.
             vol.close().await?;
-            let exports = blizzard_nbd::ClientExports::with_planted(env.clone(), client.clone(), plant);
+            let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
+            let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client.clone(), open_mode);
             let nbd_cfg =
                 blizzard_nbd::NbdConfig { default_export: Some(volume.clone()), ..Default::default() };
             let server =
@@ -499,18 +515,27 @@ async fn run(cli: Cli) -> Result<()> {
             cluster.stop().await;
             flushed.context("flushing volumes at shutdown")?;
         }
-        Cmd::Nbd { meta, listen, socket, default_export, plant } => {
+        Cmd::Nbd { meta, listen, socket, default_export, read_only, take_over, plant } => {
             let client = connect(&env, &meta).await?;
             let listen = match socket {
                 Some(p) => format!("unix:{}", p.display()),
                 None => listen,
             };
-            let exports = blizzard_nbd::ClientExports::with_planted(env.clone(), client, plant);
+            let mode = blizzard_nbd::OpenMode { read_only, take_over, planted: plant };
+            let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client, mode);
             let cfg =
                 blizzard_nbd::NbdConfig { default_export: default_export.clone(), ..Default::default() };
             let server = blizzard_nbd::Server::start(env, exports, &listen, cfg)
                 .await
                 .with_context(|| format!("starting the NBD server on {listen}"))?;
+            if let Some(name) = &default_export {
+                // Fail now, not at the first client, if it cannot be served
+                // (missing, or another process holds it).
+                if let Err(e) = server.open_export(name).await {
+                    let _ = server.shutdown().await;
+                    return Err(e).with_context(|| format!("cannot serve volume {name:?}"));
+                }
+            }
             print_connect(server.local_addr(), default_export.as_deref().unwrap_or("VOLUME"));
             wait_for_stop_signal().await?;
             server.shutdown().await.context("flushing volumes at shutdown")?;
@@ -644,12 +669,13 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Kv { cmd } => kv::run(env, cmd).await?,
-        Cmd::CrashcheckVerify { meta, volume, log } => {
+        Cmd::CrashcheckVerify { meta, volume, log, take_over } => {
             let text = std::fs::read_to_string(&log)
                 .with_context(|| format!("cannot read the event log {}", log.display()))?;
             let ops = blizzard_crashcheck::real::parse_log(&text).map_err(|e| anyhow::anyhow!(e))?;
             let client = connect(&env, &meta).await?;
-            let vol = blizzard_volume::manage::open(env.clone(), &client, &volume).await?;
+            let writer = blizzard_volume::lease::Writer::new(&env).take_over(take_over);
+            let vol = manage::open_as(env.clone(), &client, &volume, &writer, PlantedBug::None).await?;
             let acked = ops.iter().filter(|o| o.acked).count();
             let r = blizzard_crashcheck::real::verify(&vol, &ops).await;
             println!("ops={} acked={acked} violations={}", ops.len(), u8::from(r.is_err()));
@@ -731,6 +757,17 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Info { name, meta } => {
             let client = connect(&env, &meta).await?;
             print_volume(&manage::info(&client, &name).await?);
+            let blob = manage::blob_id(&name);
+            let status = client.cluster_status().await?;
+            match status.leases.iter().find(|l| l.blob == blob) {
+                Some(l) => println!(
+                    "held by      {} (fencing token {}, lease good for another {:.1} s unless renewed)",
+                    l.holder,
+                    l.token,
+                    l.remaining_ms as f64 / 1000.0
+                ),
+                None => println!("held by      nobody (no process has it open for writing)"),
+            }
         }
         VolumeCmd::Resize { name, size, meta } => {
             let client = connect(&env, &meta).await?;
@@ -738,11 +775,40 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Delete { name, meta } => {
             let client = connect(&env, &meta).await?;
-            manage::delete(&client, &name).await?;
+            manage::delete(env, &client, &name).await?;
             println!("deleted volume {name}");
         }
     }
     Ok(())
+}
+
+/// Opens `blizzard up`'s volume. With replicated metadata (`--meta-replicas`)
+/// a volume lease outlives the process: after an unclean stop, the last
+/// run's lease holds the volume for up to its ttl (10 s). Wait that out
+/// rather than take the volume from what may be a live process.
+async fn open_waiting(
+    env: &Env,
+    client: &Client,
+    name: &str,
+    plant: PlantedBug,
+) -> Result<blizzard_volume::Volume, blizzard_volume::VolumeError> {
+    let give_up = env.now() + Duration::from_secs(30);
+    let mut told = false;
+    loop {
+        match manage::open_with(env.clone(), client, name, plant).await {
+            Err(blizzard_volume::VolumeError::Held { holder, remaining, .. }) if env.now() < give_up => {
+                if !told {
+                    eprintln!(
+                        "volume {name:?} is held by {holder} (an earlier run that did not stop cleanly, or another client); waiting up to {:.0} s for its lease to end",
+                        remaining.as_secs_f64().ceil()
+                    );
+                    told = true;
+                }
+                env.sleep(Duration::from_millis(250)).await;
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Waits for Ctrl-C or SIGTERM.
@@ -974,5 +1040,20 @@ fn print_status(s: &ClusterStatus) {
             format_size(cap),
             copying
         );
+    }
+    if !s.leases.is_empty() {
+        // Volumes held for writing (design 0007), by blob id: `blizzard
+        // volume info NAME` shows one volume's holder by name.
+        println!();
+        println!("{:<34} {:<40} {:>8} {:>10}", "VOLUME BLOB HELD", "HOLDER", "TOKEN", "LEASE");
+        for l in &s.leases {
+            println!(
+                "{:<34} {:<40} {:>8} {:>9.1}s",
+                l.blob.to_string(),
+                l.holder,
+                l.token,
+                l.remaining_ms as f64 / 1000.0
+            );
+        }
     }
 }

@@ -15,7 +15,8 @@ use rand::{Rng, SeedableRng};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_crashcheck::real::{parse_log, verify};
 use blizzard_env::Env;
-use blizzard_volume::{manage, CommitMode, FlushPolicy, VolumeSpec};
+use blizzard_volume::lease::Writer;
+use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, VolumeSpec};
 
 const KILLS_PER_CONFIG: usize = 2;
 
@@ -83,7 +84,12 @@ async fn sigkilled_client_leaves_a_volume_its_mode_allows() {
 
             let ops = parse_log(&std::fs::read_to_string(&log).unwrap()).unwrap();
             let acked = ops.iter().filter(|o| o.acked).count();
-            let vol = Arc::new(manage::open(env.clone(), &client, &name).await.unwrap());
+            // The killed client still holds the volume's lease: take it
+            // over (its late writes are fenced), as an operator would.
+            let writer = Writer::new(&env).take_over(true);
+            let vol = Arc::new(
+                manage::open_as(env.clone(), &client, &name, &writer, PlantedBug::None).await.unwrap(),
+            );
             if let Err(v) = verify(&vol, &ops).await {
                 panic!("{name} (seed {seed}): {} ops, {acked} acknowledged: {v}", ops.len());
             }

@@ -4,7 +4,11 @@
 //! leading replica is SIGKILLed and restarted, once per replica. The load
 //! sees no error (tractservers keep serving on their leases while a new
 //! leader is elected); a killed replica restarts and catches up; the
-//! longest time no load operation completed is reported.
+//! longest time no load operation completed is reported. Then one writer
+//! per volume across processes: a `blizzard nbd` serving a volume holds
+//! its lease, so a second one, `volume resize` and `volume delete` are
+//! refused naming it; `--read-only` is served; after the holder is
+//! SIGKILLed, `--take-over` serves it at once.
 
 #![allow(clippy::unwrap_used)]
 // Real processes, sockets and time.
@@ -146,4 +150,62 @@ async fn the_load_continues_while_each_metadata_leader_is_killed() {
     for p in ts.iter_mut().chain(metas.iter_mut()) {
         p.check_running();
     }
+    one_writer_per_volume(dir.path(), &meta);
+}
+
+/// Runs `blizzard ARGS` to completion: (success, stdout + stderr).
+fn blizzard(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blizzard")).args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn nbd(dir: &Path, meta: &str, name: &str, extra: &[&str]) -> Proc {
+    let socket = dir.join(format!("{name}.sock")).display().to_string();
+    let mut args: Vec<String> = ["nbd", "--meta", meta, "--socket", &socket, "--default-export", "v"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Proc::spawn(name, &args, dir.join(format!("{name}.log")), socket)
+}
+
+fn one_writer_per_volume(dir: &Path, meta: &str) {
+    let (ok, out) =
+        blizzard(&["volume", "create", "v", "--size", "64MiB", "--replication", "3", "--meta", meta]);
+    assert!(ok, "volume create: {out}");
+    let mut first = nbd(dir, meta, "nbd1", &[]);
+    first.wait_log("NBD export ", Duration::from_secs(30));
+    let holder = format!(":{}/", first.pid().unwrap());
+
+    // A second server for the same volume stops at once, naming the holder.
+    let mut second = nbd(dir, meta, "nbd2", &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while second.running() {
+        assert!(Instant::now() < deadline, "a second blizzard nbd kept running:\n{}", second.tail());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = second.log_text();
+    assert!(refused.contains("is open for writing by") && refused.contains(&holder), "{refused}");
+    println!("second blizzard nbd: {}", refused.lines().last().unwrap_or(""));
+    for args in [
+        &["volume", "resize", "v", "--size", "128MiB", "--meta", meta][..],
+        &["volume", "delete", "v", "--meta", meta][..],
+    ] {
+        let (ok, out) = blizzard(args);
+        assert!(!ok && out.contains("is open for writing by") && out.contains(&holder), "{args:?}: {out}");
+    }
+    let (ok, out) = blizzard(&["volume", "info", "v", "--meta", meta]);
+    assert!(ok && out.contains("held by") && out.contains(&holder), "volume info: {out}");
+    // Read-only needs no lease.
+    let mut reader = nbd(dir, meta, "nbd3", &["--read-only"]);
+    reader.wait_log("NBD export ", Duration::from_secs(30));
+
+    // The holder dies; an operator who knows it takes the volume over.
+    first.kill();
+    let mut next = nbd(dir, meta, "nbd4", &["--take-over"]);
+    next.wait_log("NBD export ", Duration::from_secs(30));
+    let (ok, out) = blizzard(&["volume", "info", "v", "--meta", meta]);
+    assert!(ok && out.contains(&format!(":{}/", next.pid().unwrap())), "volume info: {out}");
+    reader.check_running();
 }

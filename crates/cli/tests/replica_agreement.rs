@@ -528,6 +528,11 @@ impl Separate {
         if let Some(p) = plant {
             args.extend(strings(&["--plant", p]));
         }
+        if n > 1 {
+            // The killed server still holds its volumes' leases: the
+            // restarted one takes them over, as a supervisor would.
+            args.push("--take-over".into());
+        }
         let mut nbd = Proc::spawn("blizzard nbd", &args, dir.join(format!("nbd-{n}.log")), socket);
         nbd.wait_log(NBD_READY, START_TIMEOUT);
         nbd

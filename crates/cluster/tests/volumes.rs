@@ -11,7 +11,8 @@ use rand::{Rng, SeedableRng};
 
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_env::Env;
-use blizzard_volume::{manage, CommitMode, FlushPolicy, VolumeError, VolumeSpec};
+use blizzard_volume::lease::Writer;
+use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, VolumeError, VolumeSpec};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -66,9 +67,15 @@ async fn volumes_by_name() -> R {
         v.write(24 << 20, Bytes::from(vec![1u8; 512]), false).await,
         Err(VolumeError::OutOfRange { .. })
     ));
-    manage::delete(&client, "b").await?;
+    // Held (open here): neither deleted nor resized from elsewhere.
+    let held = manage::delete(env.clone(), &client, "b").await;
+    assert!(matches!(&held, Err(VolumeError::Held { name, .. }) if name == "b"), "{held:?}");
+    let held = manage::resize(env.clone(), &client, "b", 32 << 20).await;
+    assert!(matches!(&held, Err(VolumeError::Held { .. })), "{held:?}");
+    v.close().await?;
+    manage::delete(env.clone(), &client, "b").await?;
     assert!(matches!(manage::open(env.clone(), &client, "b").await, Err(VolumeError::NotFound(_))));
-    assert!(matches!(manage::delete(&client, "b").await, Err(VolumeError::NotFound(_))));
+    assert!(matches!(manage::delete(env.clone(), &client, "b").await, Err(VolumeError::NotFound(_))));
     let names: Vec<String> = manage::list(&client).await?.into_iter().map(|s| s.name).collect();
     assert_eq!(names, vec!["a"]);
     c.stop().await;
@@ -211,8 +218,9 @@ async fn allocation_reports_holes() -> R {
     Ok(())
 }
 
-/// One writer per volume at the data path: opening a volume claims it, and
-/// the tractservers refuse the earlier opener's writes from then on (its
+/// One writer per volume: a second opener is refused while the first holds
+/// the volume's lease; one that takes it over claims it, and the
+/// tractservers refuse the earlier opener's writes from then on (its
 /// errors say it was fenced); the new writer carries on, and a volume
 /// deleted and created again under the same name starts unfenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,7 +233,16 @@ async fn a_second_opener_fences_the_first() -> R {
         let name = format!("fenced-{}", mode.name());
         let first = manage::create(env.clone(), &client, &spec(&name, mode, FlushPolicy::Durable)).await?;
         first.write(0, Bytes::from(vec![1u8; 4096]), true).await?;
-        let second = manage::open(env.clone(), &client, &name).await?;
+        // The first holds the volume's lease: a plain open is refused,
+        // naming it; a take-over is not.
+        let refused = manage::open(env.clone(), &client, &name).await;
+        assert!(
+            matches!(&refused, Err(VolumeError::Held { holder, .. }) if !holder.is_empty()),
+            "{:?}",
+            refused.err()
+        );
+        let writer = Writer::new(&env).take_over(true);
+        let second = manage::open_as(env.clone(), &client, &name, &writer, PlantedBug::None).await?;
         assert!(second.recovery().writer > first.recovery().writer);
         // FUA: durable before it returns, so it must reach the blob store.
         let refused = first.write(8192, Bytes::from(vec![2u8; 4096]), true).await;
@@ -239,7 +256,7 @@ async fn a_second_opener_fences_the_first() -> R {
         assert_eq!(&second.read(8192, 4096).await?[..], &[3u8; 4096][..]);
         drop(first);
         second.close().await?;
-        manage::delete(&client, &name).await?;
+        manage::delete(env.clone(), &client, &name).await?;
         let again = manage::create(env.clone(), &client, &spec(&name, mode, FlushPolicy::Durable)).await?;
         again.write(8192, Bytes::from(vec![4u8; 4096]), true).await?;
         again.close().await?;

@@ -17,6 +17,7 @@ use tokio::sync::OnceCell;
 
 use blizzard_client::Client;
 use blizzard_env::Env;
+use blizzard_volume::lease::Writer;
 use blizzard_volume::{manage, PlantedBug, Volume, VolumeError};
 
 /// The set of exports: names, and how to open one.
@@ -28,25 +29,40 @@ pub trait Exports: Send + Sync + 'static {
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>>;
 }
 
-/// Every volume of a cluster, by name.
+/// How a server opens the volumes it exports.
+#[derive(Clone, Debug, Default)]
+pub struct OpenMode {
+    /// Without claiming them or taking their leases: a process writing a
+    /// volume carries on, and clients see the export read-only.
+    pub read_only: bool,
+    /// Take each volume's lease even from a live holder (the operator
+    /// says it is dead); its late writes are refused from then on.
+    pub take_over: bool,
+    /// A test hook, like `blizzard crashcheck --plant`: every volume is
+    /// opened with this bug planted (`manage::open_as`), so a real-process
+    /// test can show its checker catches it (`blizzard up --plant`,
+    /// `blizzard nbd --plant`, hidden flags). Never for serving data.
+    #[doc(hidden)]
+    pub planted: PlantedBug,
+}
+
+/// Every volume of a cluster, by name. A volume is opened for writing
+/// under its lease (`blizzard_volume::lease`): one another process holds
+/// is refused to clients with a message naming the holder, unless the
+/// server exports read-only.
 pub struct ClientExports {
     env: Env,
     client: Client,
-    planted: PlantedBug,
+    mode: OpenMode,
 }
 
 impl ClientExports {
     pub fn new(env: Env, client: Client) -> Arc<ClientExports> {
-        Self::with_planted(env, client, PlantedBug::None)
+        Self::with_mode(env, client, OpenMode::default())
     }
 
-    /// A test hook, like `blizzard crashcheck --plant`: every volume is
-    /// opened with `planted` (`manage::open_with`), so a real-process test
-    /// can show its checker catches the bug (`blizzard up --plant`,
-    /// `blizzard nbd --plant`, hidden flags). Never for serving data.
-    #[doc(hidden)]
-    pub fn with_planted(env: Env, client: Client, planted: PlantedBug) -> Arc<ClientExports> {
-        Arc::new(ClientExports { env, client, planted })
+    pub fn with_mode(env: Env, client: Client, mode: OpenMode) -> Arc<ClientExports> {
+        Arc::new(ClientExports { env, client, mode })
     }
 }
 
@@ -56,7 +72,14 @@ impl Exports for ClientExports {
     }
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
-        manage::open_with(self.env.clone(), &self.client, name, self.planted).boxed()
+        async move {
+            if self.mode.read_only {
+                return manage::open_read_only(&self.client, name).await;
+            }
+            let writer = Writer::new(&self.env).take_over(self.mode.take_over);
+            manage::open_as(self.env.clone(), &self.client, name, &writer, self.mode.planted).await
+        }
+        .boxed()
     }
 }
 

@@ -35,19 +35,27 @@ pub(crate) struct Negotiated {
 }
 
 /// Transmission flags for an export. DF only when structured replies were
-/// negotiated (the spec: MUST leave it clear otherwise). Never READ_ONLY.
-pub(crate) fn transmission_flags(structured: bool) -> u16 {
+/// negotiated (the spec: MUST leave it clear otherwise). A read-only volume
+/// (`Volume::is_read_only`) gets READ_ONLY and none of the flags that only
+/// matter for changing it (TRIM, WRITE_ZEROES, FAST_ZERO, FUA), as nbdkit
+/// does; FLUSH stays (it succeeds, with nothing to flush), and so does
+/// CAN_MULTI_CONN (there is nothing to become inconsistent).
+pub(crate) fn transmission_flags(structured: bool, read_only: bool) -> u16 {
     let mut f = NBD_FLAG_HAS_FLAGS
         | NBD_FLAG_SEND_FLUSH
-        | NBD_FLAG_SEND_FUA
-        | NBD_FLAG_SEND_TRIM
-        | NBD_FLAG_SEND_WRITE_ZEROES
-        // Write zeroes without NO_HOLE unmaps (or records zeros), which is
-        // cheaper than writing the bytes; with NO_HOLE it fails fast.
-        | NBD_FLAG_SEND_FAST_ZERO
         // One shared Volume per export: a FLUSH or FUA on any connection
         // covers writes completed on all of them.
         | NBD_FLAG_CAN_MULTI_CONN;
+    if read_only {
+        f |= NBD_FLAG_READ_ONLY;
+    } else {
+        f |= NBD_FLAG_SEND_FUA
+            | NBD_FLAG_SEND_TRIM
+            | NBD_FLAG_SEND_WRITE_ZEROES
+            // Write zeroes without NO_HOLE unmaps (or records zeros), which
+            // is cheaper than writing the bytes; with NO_HOLE it fails fast.
+            | NBD_FLAG_SEND_FAST_ZERO;
+    }
     if structured {
         f |= NBD_FLAG_SEND_DF;
     }
@@ -224,7 +232,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                     Err(e) => return Err(ConnError::Export { name: resolved, reason: e.to_string() }),
                 };
                 let session = self.session(&resolved, &volume);
-                let flags = transmission_flags(session.structured);
+                let flags = transmission_flags(session.structured, volume.is_read_only());
                 self.s.write_all(&encode_export_name_reply(session.size, flags, no_zeroes)).await?;
                 self.s.flush().await?;
                 Ok(Some(Some(Negotiated { name: resolved, volume, session })))
@@ -260,7 +268,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                     return Ok(None);
                 };
                 let session = self.session(&name, &volume);
-                let flags = transmission_flags(session.structured);
+                let flags = transmission_flags(session.structured, volume.is_read_only());
                 self.reply(code, NBD_REP_INFO, &encode_info_export(session.size, flags)).await?;
                 if req.info.contains(&NBD_INFO_NAME) {
                     self.reply(code, NBD_REP_INFO, &encode_info_string(NBD_INFO_NAME, &name)).await?;
@@ -335,15 +343,38 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
 mod tests {
     use super::*;
 
-    /// The advertised flags: everything implemented, DF only with
-    /// structured replies, never read-only.
+    /// The flags that only matter for changing an export.
+    const CHANGES: u16 =
+        NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO;
+
+    /// The advertised flags for a writable volume: everything implemented,
+    /// DF only with structured replies, not read-only.
     #[test]
     fn flags() {
-        let f = transmission_flags(false);
+        let f = transmission_flags(false, false);
         assert_eq!(f & NBD_FLAG_SEND_DF, 0);
         assert_eq!(f & NBD_FLAG_READ_ONLY, 0);
         assert_ne!(f & NBD_FLAG_CAN_MULTI_CONN, 0);
-        assert_ne!(transmission_flags(true) & NBD_FLAG_SEND_DF, 0);
+        assert_ne!(transmission_flags(true, false) & NBD_FLAG_SEND_DF, 0);
         assert_ne!(f & NBD_FLAG_HAS_FLAGS, 0);
+        assert_ne!(f & NBD_FLAG_SEND_FLUSH, 0);
+        assert_eq!(f & CHANGES, CHANGES);
+    }
+
+    /// A read-only volume: READ_ONLY and none of the flags for changing
+    /// data; FLUSH, CAN_MULTI_CONN and DF as for a writable one.
+    #[test]
+    fn flags_read_only() {
+        for structured in [false, true] {
+            let f = transmission_flags(structured, true);
+            assert_ne!(f & NBD_FLAG_READ_ONLY, 0);
+            assert_eq!(f & CHANGES, 0, "{f:#x}");
+            assert_ne!(f & NBD_FLAG_HAS_FLAGS, 0);
+            assert_ne!(f & NBD_FLAG_SEND_FLUSH, 0);
+            assert_ne!(f & NBD_FLAG_CAN_MULTI_CONN, 0);
+            assert_eq!(f & NBD_FLAG_SEND_DF != 0, structured);
+            let writable = transmission_flags(structured, false);
+            assert_eq!(f, (writable & !CHANGES) | NBD_FLAG_READ_ONLY);
+        }
     }
 }

@@ -31,7 +31,7 @@ mod transmission;
 
 use std::time::Duration;
 
-pub use exports::{ClientExports, Exports};
+pub use exports::{ClientExports, Exports, OpenMode};
 pub use server::Server;
 
 /// Server settings. Every bound is named here; [`NbdConfig::default`] is

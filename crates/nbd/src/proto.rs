@@ -793,6 +793,34 @@ pub fn check_request(r: &Request, s: &Session) -> Result<Command, Reject> {
     }
 }
 
+/// On a read-only export, refuses a validated command that would change
+/// it: WRITE, TRIM and WRITE_ZEROES get EPERM (the spec: the server SHOULD
+/// return EPERM for a write to a read-only export), and a WRITE's payload
+/// is skipped (`check_request` has bounded it). Everything else passes,
+/// FLUSH included: there is nothing to flush, so it succeeds. Pure, like
+/// `check_request`, which it follows (malformed requests keep their errno).
+pub fn check_read_only(cmd: Command, read_only: bool) -> Result<Command, Reject> {
+    if !read_only {
+        return Ok(cmd);
+    }
+    let (name, drain) = match cmd {
+        Command::Write { len, .. } => ("write", len),
+        Command::Trim { .. } => ("trim", 0),
+        Command::WriteZeroes { .. } => ("write zeroes", 0),
+        Command::Read { .. }
+        | Command::Disc
+        | Command::Flush
+        | Command::Cache { .. }
+        | Command::BlockStatus { .. } => return Ok(cmd),
+    };
+    Err(Reject {
+        errno: NBD_EPERM,
+        drain,
+        disconnect: false,
+        reason: format!("{name} on a read-only export"),
+    })
+}
+
 // ---------------------------------------------------------------------------
 // Transmission: replies.
 
@@ -1017,6 +1045,40 @@ mod tests {
         // Fast zero cannot be fast with NO_HOLE.
         let fz = NBD_CMD_FLAG_FAST_ZERO | NBD_CMD_FLAG_NO_HOLE;
         assert_eq!(err(req(NBD_CMD_WRITE_ZEROES, fz, 0, 1)).errno, NBD_ENOTSUP);
+    }
+
+    /// Read-only exports: commands that change data get EPERM (a write's
+    /// payload drained), everything else passes unchanged; a writable
+    /// export passes everything.
+    #[test]
+    fn read_only_refusals() {
+        let s = session();
+        let ok = |r: Request| check_request(&r, &s).unwrap();
+        let changing = [
+            (req(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 4096, 100), 100),
+            (req(NBD_CMD_TRIM, 0, 0, 8192), 0),
+            (req(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_NO_HOLE, 0, 512), 0),
+            (req(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_FAST_ZERO, 0, 512), 0),
+        ];
+        for (r, drain) in changing {
+            let cmd = ok(r);
+            assert_eq!(check_read_only(cmd, false).unwrap(), cmd);
+            let e = check_read_only(cmd, true).unwrap_err();
+            assert_eq!((e.errno, e.drain, e.disconnect), (NBD_EPERM, drain, false), "{cmd:?}");
+            assert!(e.reason.contains("read-only"), "{}", e.reason);
+        }
+        let harmless = [
+            req(NBD_CMD_READ, 0, 0, 4096),
+            req(NBD_CMD_FLUSH, 0, 0, 0),
+            req(NBD_CMD_FLUSH, NBD_CMD_FLAG_FUA, 0, 0),
+            req(NBD_CMD_CACHE, 0, 0, 4096),
+            req(NBD_CMD_BLOCK_STATUS, 0, 0, 4096),
+            req(NBD_CMD_DISC, 0, 0, 0),
+        ];
+        for r in harmless {
+            let cmd = ok(r);
+            assert_eq!(check_read_only(cmd, true).unwrap(), cmd);
+        }
     }
 
     /// Reply headers decode as encoded.

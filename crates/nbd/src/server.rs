@@ -16,6 +16,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, info, warn};
 
 use blizzard_env::{BoxStream, Env, Listener};
+use blizzard_volume::VolumeError;
 
 use crate::exports::{Exports, Registry};
 use crate::{handshake, proto, transmission, NbdConfig, NbdError};
@@ -112,13 +113,21 @@ impl Server {
         Ok(Server { local_addr, shared, accept: Some(accept) })
     }
 
+    /// Opens the export `name` now rather than at its first client (a
+    /// server started for one volume fails at once if it cannot serve it:
+    /// missing, or held by another process).
+    pub async fn open_export(&self, name: &str) -> Result<(), VolumeError> {
+        self.shared.registry.get(name).await.map(|_| ())
+    }
+
     /// The address clients dial (the real port if bound to port 0).
     pub fn local_addr(&self) -> &str {
         &self.local_addr
     }
 
     /// Stops accepting, waits for in-flight requests (at most
-    /// `shutdown_grace`), then flushes every open volume durably. Returns
+    /// `shutdown_grace`), then flushes every open volume durably and
+    /// releases its lease. Returns
     /// the first flush error; every volume is flushed regardless.
     pub async fn shutdown(mut self) -> Result<(), NbdError> {
         self.shared.shutdown.trigger();
@@ -129,8 +138,9 @@ impl Server {
         }
         let mut first = None;
         for (name, v) in self.shared.registry.opened() {
-            // Durable, and marked clean: the next open reconciles nothing.
-            match v.quiesce().await {
+            // Durable, marked clean (the next open reconciles nothing),
+            // and its lease given up (the next opener need not wait).
+            match v.release().await {
                 Ok(()) => debug!(volume = %name, "flushed at shutdown"),
                 Err(source) => {
                     warn!(volume = %name, error = %source, "flush at shutdown failed");

@@ -143,6 +143,7 @@ fn errno_for(cmd: &Command, e: &VolumeError) -> u32 {
         VolumeError::Io(_)
         | VolumeError::Reconcile { .. }
         | VolumeError::Fenced { .. }
+        | VolumeError::Held { .. }
         | VolumeError::Superblock(_)
         | VolumeError::NotFound(_)
         | VolumeError::Exists(_) => NBD_EIO,
@@ -347,6 +348,9 @@ async fn read_requests<R: AsyncRead + Unpin>(
     let in_flight = Arc::new(Semaphore::new(shared.cfg.requests_in_flight_max));
     let conn_bytes = Arc::new(Semaphore::new(shared.cfg.connection_buffered_bytes_max));
     let session = n.session;
+    // Fixed when the volume was opened: a read-only export refuses changes
+    // before they reach it.
+    let read_only = n.volume.is_read_only();
     // Everything the reader waits on is raced against these two.
     let stop = async {
         tokio::select! {
@@ -388,14 +392,16 @@ async fn read_requests<R: AsyncRead + Unpin>(
             };
             ConnError::Protocol(format!("request header: {e}{hint}"))
         })?;
-        let cmd = match check_request(&req, &session) {
+        let cmd = match check_request(&req, &session).and_then(|c| check_read_only(c, read_only)) {
             Ok(Command::Disc) => {
                 debug!(%peer, "NBD_CMD_DISC");
                 return Ok(());
             }
             Ok(cmd) => cmd,
             Err(rej) => {
-                if rej.errno == NBD_ENOTSUP {
+                // Refusals of well-formed requests (unsupported, or a change
+                // to a read-only export) are the client's choice, not a bug.
+                if rej.errno == NBD_ENOTSUP || rej.errno == NBD_EPERM {
                     debug!(%peer, cookie = req.cookie, reason = %rej.reason, "NBD request refused");
                 } else {
                     warn!(%peer, cookie = req.cookie, command = req.command, reason = %rej.reason, "bad NBD request");

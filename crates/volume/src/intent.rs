@@ -447,7 +447,8 @@ async fn read_every_replica(
 }
 
 /// Claims the volume for this process: a writer epoch above every one
-/// stored or seen by a tractserver, durable in the header on every replica
+/// stored or seen by a tractserver and at least [`BlobIo::writer_floor`]
+/// (the volume lease's token), durable in the header on every replica
 /// before it returns. From then on the blob store refuses changes from
 /// earlier writers.
 pub async fn claim(io: &Arc<dyn BlobIo>) -> Result<Claim, VolumeError> {
@@ -466,7 +467,9 @@ pub async fn claim(io: &Arc<dyn BlobIo>) -> Result<Claim, VolumeError> {
             (h.map_or(0, |h| h.writer), true)
         }
     };
-    let mut writer = newest + 1;
+    // Above every earlier claim, and at least this process's lease token:
+    // two holders that read the same header still claim different epochs.
+    let mut writer = (newest + 1).max(io.writer_floor());
     for _ in 0..8 {
         io.set_writer(writer);
         match io.write(0, HEADER_OFFSET, Header { writer }.encode()).await {

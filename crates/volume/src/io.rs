@@ -25,6 +25,10 @@ pub enum IoError {
     Corrupt(String),
     #[error("{0}")]
     Other(String),
+    /// This process no longer holds the volume's lease (`lease`): taken
+    /// over, or given up. Treated as fenced: no change goes out again.
+    #[error("{0}")]
+    LeaseLost(String),
 }
 
 impl IoError {
@@ -50,6 +54,8 @@ impl IoError {
     pub fn fenced_by(&self) -> Option<u64> {
         match self {
             IoError::Client(ClientError::Fenced { newest, .. }) => Some(*newest),
+            // The newer holder's epoch is not known here: 0 says so.
+            IoError::LeaseLost(_) => Some(0),
             _ => None,
         }
     }
@@ -106,6 +112,17 @@ pub trait BlobIo: Send + Sync + 'static {
     /// changes with an older epoch than the newest it has seen for the
     /// blob (`intent::claim`). A store without fencing ignores it.
     fn set_writer(&self, _epoch: u64) {}
+    /// The lowest writer epoch this process may claim: its volume lease's
+    /// fencing token (`lease::Leased`), so two holders never claim the
+    /// same epoch. 0 without a lease.
+    fn writer_floor(&self) -> u64 {
+        0
+    }
+    /// Gives up the right to change the blob (the volume's lease), after
+    /// a clean close. Nothing to give up without a lease.
+    fn release(&self) -> BoxFuture<'static, Result<(), IoError>> {
+        async { Ok(()) }.boxed()
+    }
     /// Makes every replica of `tract` hold the same bytes, chunk by chunk
     /// copied from the first replica that can read it (design 0005). Every
     /// replica must be reachable. A store with one replica has nothing to do.

@@ -21,6 +21,7 @@ mod extent_io;
 pub mod fast_ack;
 pub mod intent;
 pub mod io;
+pub mod lease;
 pub mod log;
 pub mod manage;
 pub mod striping;
@@ -99,8 +100,20 @@ pub enum VolumeError {
     Unsupported(String),
     #[error("could not make the replicas of tract {tract} agree after an unclean close: {source}; every replica must be reachable (bring its tractserver back, or wait until it is replaced), then open the volume again")]
     Reconcile { tract: u64, source: IoError },
-    #[error("another process opened this volume for writing (writer epoch {newest}) and the blob store now refuses this one's writes; writes acknowledged here but not yet durable are lost to it: stop using the volume here")]
+    #[error("{}", fenced_message(*newest))]
     Fenced { newest: u64 },
+    #[error("volume {name:?} is open for writing by {} (its lease ends in {:.1} s unless that process renews it): stop that process, or open the volume read-only (`--read-only`); if that process is dead, wait for its lease to end or pass `--take-over`", if holder.is_empty() { "another process" } else { holder.as_str() }, remaining.as_secs_f64())]
+    Held { name: String, holder: String, remaining: std::time::Duration },
+}
+
+fn fenced_message(newest: u64) -> String {
+    let who = if newest == 0 {
+        "this process lost its lease on the volume (another process took it over, or it was closed)"
+            .to_string()
+    } else {
+        format!("another process opened this volume for writing (writer epoch {newest}) and the blob store now refuses this one's writes")
+    };
+    format!("{who}; writes acknowledged here but not yet durable are lost to it: stop using the volume here")
 }
 
 impl VolumeError {

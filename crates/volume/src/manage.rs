@@ -2,6 +2,12 @@
 //! its name (a fixed 128-bit FNV-1a hash), so opening needs no registry;
 //! listing asks every tractserver for its blobs and keeps those whose tract
 //! 0 holds a volume superblock.
+//!
+//! Whatever changes a volume (create, open for writing, resize, delete)
+//! first takes its lease from the metadata service (`lease`, design 0007):
+//! a volume another process holds is refused with
+//! [`VolumeError::Held`], naming the holder. Reading (`info`,
+//! `open_read_only`, `list`) needs no lease.
 
 use std::sync::Arc;
 
@@ -10,6 +16,7 @@ use blizzard_core::BlobId;
 use blizzard_env::Env;
 
 use crate::io::{BlobIo, ClientBlobIo};
+use crate::lease::{Lease, Leased, Writer};
 use crate::superblock::{Superblock, SUPERBLOCK_COPY_LEN};
 use crate::volume::{Volume, VolumeSpec};
 use crate::{PlantedBug, VolumeError};
@@ -35,8 +42,18 @@ fn not_found(name: &str) -> impl Fn(ClientError) -> VolumeError + '_ {
     }
 }
 
-/// Creates and formats a volume.
+/// Creates and formats a volume, held by this process.
 pub async fn create(env: Env, client: &Client, spec: &VolumeSpec) -> Result<Volume, VolumeError> {
+    create_as(env.clone(), client, spec, &Writer::new(&env)).await
+}
+
+/// [`create`] as `writer`.
+pub async fn create_as(
+    env: Env,
+    client: &Client,
+    spec: &VolumeSpec,
+    writer: &Writer,
+) -> Result<Volume, VolumeError> {
     Volume::validate(spec, client.tract_size())?;
     if spec.replication == 0 || spec.replication > client.max_replication() {
         return Err(VolumeError::Invalid(format!(
@@ -46,13 +63,31 @@ pub async fn create(env: Env, client: &Client, spec: &VolumeSpec) -> Result<Volu
         )));
     }
     let id = blob_id(&spec.name);
-    let blob = client.create_blob(Some(id), spec.replication).await.map_err(not_found(&spec.name))?;
-    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    let lease = match Lease::acquire(env.clone(), client.clone(), id, &spec.name, writer).await {
+        Ok(l) => l,
+        // Held because it exists and is open: say it exists.
+        Err(e @ VolumeError::Held { .. }) => {
+            return Err(match client.open_blob(id).await {
+                Ok(_) => VolumeError::Exists(spec.name.clone()),
+                Err(_) => e,
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let blob = match client.create_blob(Some(id), spec.replication).await.map_err(not_found(&spec.name)) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = lease.release().await;
+            return Err(e);
+        }
+    };
+    let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease.clone());
     match Volume::format(env, io, spec).await {
         Ok(v) => Ok(v),
         Err(e) => {
             // Do not leave a half-made volume behind.
             let _ = client.delete_blob(id).await;
+            let _ = lease.release().await;
             Err(e)
         }
     }
@@ -70,9 +105,29 @@ pub async fn open_with(
     name: &str,
     planted: PlantedBug,
 ) -> Result<Volume, VolumeError> {
-    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
-    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
-    Volume::open(env, io, planted).await
+    open_as(env.clone(), client, name, &Writer::new(&env), planted).await
+}
+
+/// Opens the volume called `name` for writing as `writer` (its lease
+/// first), running its recovery.
+pub async fn open_as(
+    env: Env,
+    client: &Client,
+    name: &str,
+    writer: &Writer,
+    planted: PlantedBug,
+) -> Result<Volume, VolumeError> {
+    let id = blob_id(name);
+    let blob = client.open_blob(id).await.map_err(not_found(name))?;
+    let lease = Lease::acquire(env.clone(), client.clone(), id, name, writer).await?;
+    let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease.clone());
+    match Volume::open(env, io, planted).await {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let _ = lease.release().await;
+            Err(e)
+        }
+    }
 }
 
 /// The superblock of the volume called `name`, read without opening it:
@@ -114,7 +169,8 @@ pub async fn list(client: &Client) -> Result<Vec<Superblock>, VolumeError> {
     Ok(out)
 }
 
-/// Grows a volume.
+/// Grows a volume. A volume another process holds (an NBD server
+/// serving it) is refused, naming the holder.
 pub async fn resize(
     env: Env,
     client: &Client,
@@ -123,10 +179,18 @@ pub async fn resize(
 ) -> Result<Superblock, VolumeError> {
     let mut v = open(env, client, name).await?;
     v.resize(size_bytes).await?;
-    Ok(v.superblock().clone())
+    let sb = v.superblock().clone();
+    v.close().await?;
+    Ok(sb)
 }
 
-/// Deletes a volume and frees its space.
-pub async fn delete(client: &Client, name: &str) -> Result<(), VolumeError> {
-    client.delete_blob(blob_id(name)).await.map_err(not_found(name))
+/// Deletes a volume and frees its space. A volume another process holds
+/// is refused, naming the holder.
+pub async fn delete(env: Env, client: &Client, name: &str) -> Result<(), VolumeError> {
+    let id = blob_id(name);
+    client.open_blob(id).await.map_err(not_found(name))?;
+    let lease = Lease::acquire(env.clone(), client.clone(), id, name, &Writer::new(&env)).await?;
+    let r = client.delete_blob(id).await.map_err(not_found(name));
+    let _ = lease.release().await;
+    r
 }

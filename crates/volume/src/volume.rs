@@ -410,6 +410,11 @@ impl Volume {
         &self.recovery
     }
 
+    /// Whether this volume was opened read-only (`open_read_only`): changes are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
     /// The intent log, for write-through and fast-ack volumes.
     pub fn intent(&self) -> Option<&Arc<IntentLog>> {
         self.intent.as_ref()
@@ -657,7 +662,20 @@ impl Volume {
     /// Makes everything durable and closes the volume: a clean close,
     /// after which the next open has nothing to reconcile.
     pub async fn close(self) -> Result<(), VolumeError> {
-        self.quiesce().await
+        self.release().await
+    }
+
+    /// [`Volume::close`] for a volume shared behind an `Arc` (an NBD
+    /// server at shutdown): quiesces, then gives up the volume's lease so
+    /// the next opener need not wait for it to end. No change goes out
+    /// from this handle after. If quiescing fails the lease is kept: what
+    /// is not durable yet must not be handed to another writer.
+    pub async fn release(&self) -> Result<(), VolumeError> {
+        self.quiesce().await?;
+        if !self.read_only {
+            self.io.release().await?;
+        }
+        Ok(())
     }
 
     /// For a shutdown with the volume shared: makes everything durable and

@@ -6,6 +6,8 @@
 //! - [`Client::create_blob`], [`Client::open_blob`], [`Client::delete_blob`];
 //! - [`Blob::size_tracts`], [`Blob::extend_by`], [`Blob::extend_to`];
 //! - [`Blob::write`] / [`Blob::read`] of a whole tract or a range of one;
+//! - [`Client::acquire_volume`], [`Client::renew_volume`],
+//!   [`Client::release_volume`]: one writer per volume (design 0007);
 //! - [`Blob::set_writer`]: the writer epoch every request carries, which
 //!   fences out older writers of the blob;
 //! - [`Blob::reconcile`]: make a tract's replicas agree after a writer
@@ -20,9 +22,11 @@
 
 mod blob;
 mod client;
+mod lease;
 mod pool;
 
 /// Error codes a tractserver can answer with (inside [`ClientError::Rejected`]).
 pub use blizzard_proto::ErrorCode;
+pub use blizzard_proto::{LeaseStatus, VolumeLease};
 pub use blob::{Blob, CacheReceipt, RECONCILE_ROUNDS};
 pub use client::{Client, ClientConfig, ClientError};

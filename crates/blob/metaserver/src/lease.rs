@@ -25,7 +25,7 @@
 //! | release | held under that token | freed; the next acquire needs no wait |
 //! | release | another token | nothing changes (a late release of a lost lease) |
 //! | new leader | leases as the log left them | each lasts at least one term from the takeover ([`Leases::extend_all`]): the new leader's clock may be behind the old one's |
-//! | table full | `LEASES_MAX` volumes held | acquire refused |
+//! | table full | `LEASES_MAX` volumes listed | ended leases are forgotten; if every one is live, acquire refused |
 
 use std::collections::BTreeMap;
 
@@ -112,6 +112,11 @@ impl Leases {
     ) -> Outcome {
         let now = self.tick(now_ms);
         let expires_ms = now.saturating_add(ttl_ms);
+        if self.by_blob.len() >= LEASES_MAX && !self.by_blob.contains_key(&blob) {
+            // Ended leases stay listed (a late renewal finds its holder
+            // was taken over, not forgotten) until room is needed.
+            self.by_blob.retain(|_, l| l.expires_ms > now);
+        }
         let full = self.by_blob.len() >= LEASES_MAX;
         match self.by_blob.get_mut(&blob) {
             Some(l) if l.holder == holder => {

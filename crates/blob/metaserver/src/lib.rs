@@ -13,7 +13,8 @@
 //! state, a service of `blizzard-replicated`), `replica` (where that state
 //! lives: a runtime member or memory), `rounds` (the leader's rounds:
 //! take over, build, rebuild, recovery: `Reserve`, push, `Serve`),
-//! `server` (heartbeats, who answers what, status, the entry point).
+//! `volumes` (pure: volume lease requests to updates and back), `server`
+//! (heartbeats, who answers what, status, the entry point).
 
 pub mod growth;
 pub mod lease;
@@ -23,3 +24,4 @@ pub mod replica;
 mod rounds;
 pub mod server;
 pub mod tlt_builder;
+mod volumes;

@@ -14,6 +14,7 @@
 //! | `Heartbeat` | answered once leadership is confirmed (a quorum round at most `replica::confirmation_window` old): the answer extends the tractserver's lease | `NotLeader` |
 //! | `GetTlt`, `ClusterParams` | from the applied state | from the applied state (a stale table is caught by row versions) |
 //! | `ClusterStatus` | heartbeats and the applied state | `NotLeader` |
+//! | `AcquireVolume`, `RenewVolume`, `ReleaseVolume` | proposed (`volumes`), once this leader has taken over (`ExtendAll` applied); `NotReady` before | `NotLeader` |
 //!
 //! Phases, on the leader: `waiting` (no table served yet; built or
 //! rebuilt by `rounds`), `ready` (the table is served; heartbeats keep
@@ -45,9 +46,11 @@ use blizzard_rpc::{
     serve, Blob, Caller, ConnCache, ServerLimits, ServerTasks, Service, Shutdown, ShutdownHandle,
 };
 
+use crate::machine::MetaReply;
 use crate::plan::{assignment_is_stale, Member};
-use crate::replica::{confirmation_window, GroupConfig, Replica};
+use crate::replica::{confirmation_window, GroupConfig, Replica, ReplicaError};
 use crate::tlt_builder::row_counts;
+use crate::volumes;
 
 #[derive(Clone, Debug)]
 pub struct MetaConfig {
@@ -392,7 +395,10 @@ impl MetaServer {
 
     pub fn status(&self) -> ClusterStatus {
         let now = self.env.now();
-        let (tlt, dead, filling) = self.replica.read(|s| (s.tlt.clone(), s.dead.clone(), s.filling.clone()));
+        let now_ms = self.wall_ms();
+        let (tlt, dead, filling, leases) = self
+            .replica
+            .read(|s| (s.tlt.clone(), s.dead.clone(), s.filling.clone(), volumes::listed(&s.leases, now_ms)));
         let leading = self.is_leader();
         let st = lock(&self.state);
         let (rows, primaries) = match &tlt {
@@ -472,6 +478,7 @@ impl MetaServer {
                     .filter(|r| r.members.iter().any(|&m| dead.contains(&t.members[m as usize].id)))
                     .count() as u32
             }),
+            leases,
         }
     }
 
@@ -532,6 +539,35 @@ impl MetaServer {
             .finish()
     }
 
+    /// A volume lease request (`volumes`): through the log, on a leader
+    /// that has taken over (every lease its predecessors granted extended
+    /// by `ExtendAll`, so none is given away early).
+    async fn volume_lease(&self, req: Request) -> Result<Reply, ErrorReply> {
+        let Some(term) = self.replica.leading_term() else { return Err(self.not_leader()) };
+        if lock(&self.state).term != Some(term) {
+            return Err(err(
+                ErrorCode::NotReady,
+                "this metadata replica is taking over as leader; retry shortly",
+            ));
+        }
+        let now_ms = self.wall_ms();
+        let Some(op) = volumes::op_for(&req, now_ms) else {
+            return Err(err(ErrorCode::BadRequest, "not a lease request"));
+        };
+        let (blob, op) = op?;
+        let caller = match &req {
+            Request::AcquireVolume { holder, .. } | Request::RenewVolume { holder, .. } => holder.as_str(),
+            _ => "",
+        };
+        match self.replica.propose(&op).await {
+            Ok(MetaReply::Lease(o)) => Ok(Reply::VolumeLease(volumes::reply_for(blob, caller, &o, now_ms))),
+            Ok(MetaReply::Done) => Ok(Reply::Done),
+            Ok(MetaReply::Refused(why)) => Err(err(ErrorCode::BadRequest, why)),
+            Err(ReplicaError::NotLeader(_)) => Err(self.not_leader()),
+            Err(ReplicaError::Refused(why)) => Err(err(ErrorCode::Internal, why)),
+        }
+    }
+
     async fn handle(&self, req: Request) -> Result<Reply, ErrorReply> {
         match req {
             Request::Ping => Ok(Reply::Done),
@@ -549,6 +585,9 @@ impl MetaServer {
             },
             Request::ClusterStatus if self.is_leader() => Ok(Reply::ClusterStatus(self.status())),
             Request::ClusterStatus => Err(self.not_leader()),
+            Request::AcquireVolume { .. } | Request::RenewVolume { .. } | Request::ReleaseVolume { .. } => {
+                self.volume_lease(req).await
+            }
             Request::ClusterParams => {
                 let t = self.tlt();
                 Ok(Reply::ClusterParams(ClusterParams {

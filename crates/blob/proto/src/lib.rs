@@ -9,10 +9,12 @@
 //! read under the limits in [`frame::FrameHeader::decode`], checks every
 //! length against what is left, and returns an error, never panics.
 
+pub mod cluster;
 pub mod codec;
 pub mod frame;
 pub mod msg;
 
+pub use cluster::*;
 pub use codec::{DecodeError, Reader, Wire, Writer};
 pub use frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAGIC, VERSION};
 pub use msg::*;

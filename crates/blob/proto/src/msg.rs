@@ -4,9 +4,10 @@
 
 use blizzard_core::limits::{CHUNK_SIZE, TRACT_SIZE_MAX};
 use blizzard_core::reconcile::ChunkState;
-use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
-use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+use blizzard_core::tlt::Tlt;
+use blizzard_core::{BlobId, Incarnation, TractNo};
 
+use crate::cluster::*;
 use crate::codec::{DecodeError, Reader, Wire, Writer};
 use crate::wire_struct;
 
@@ -52,10 +53,14 @@ pub enum Opcode {
     GetTlt = 0x0402,
     ClusterStatus = 0x0403,
     ClusterParams = 0x0404,
+    // Volume leases (design 0007): one writer per volume.
+    AcquireVolume = 0x0405,
+    RenewVolume = 0x0406,
+    ReleaseVolume = 0x0407,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 25] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -81,6 +86,9 @@ impl Opcode {
         Opcode::GetTlt,
         Opcode::ClusterStatus,
         Opcode::ClusterParams,
+        Opcode::AcquireVolume,
+        Opcode::RenewVolume,
+        Opcode::ReleaseVolume,
     ];
 
     pub fn from_u16(v: u16) -> Option<Opcode> {
@@ -185,259 +193,6 @@ impl Wire for ExtendMode {
         }
     }
 }
-
-/// One TLT row as a tractserver stores it: enough for a new metadata server
-/// to rebuild the table from the tractservers alone (FDS §2.2).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AssignedRow {
-    pub row: u32,
-    pub version: u64,
-    /// All members of the row, primary first.
-    pub members: Vec<TsId>,
-    /// Members that joined the row to replace a failed one, or are pending,
-    /// and are still copying its tracts from the others (FDS §3.2): they
-    /// take writes but serve a read only of a tract they have copied.
-    pub filling: Vec<TsId>,
-    /// Tractservers about to take over a column as the cluster grows (FDS
-    /// §3.4): they take writes (and are always filling) and replace the
-    /// column's member once they have copied the row.
-    pub pending: Vec<PendingMember>,
-}
-wire_struct!(AssignedRow {
-    row: u32,
-    version: u64,
-    members: Vec<TsId>,
-    filling: Vec<TsId>,
-    pending: Vec<PendingMember>,
-});
-
-/// A pending TLT entry as a tractserver stores it: `id` will replace the
-/// row's member in `column`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PendingMember {
-    pub column: u8,
-    pub id: TsId,
-}
-wire_struct!(PendingMember { column: u8, id: TsId });
-
-/// A TLT row at a version.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RowRef {
-    pub row: u32,
-    pub version: u64,
-}
-wire_struct!(RowRef { row: u32, version: u64 });
-
-/// How far a tractserver is with copying the rows it is filling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct FillProgress {
-    /// Rows still being copied here.
-    pub rows: u32,
-    /// Tracts found on the sources so far, and how many are copied.
-    pub tracts_total: u64,
-    pub tracts_done: u64,
-    /// Bytes copied since this server started.
-    pub bytes_done: u64,
-}
-wire_struct!(FillProgress { rows: u32, tracts_total: u64, tracts_done: u64, bytes_done: u64 });
-
-/// Most tracts in one `ListRowTracts` reply (32 bytes each on the wire).
-pub const ROW_TRACTS_PAGE: usize = 16 << 10;
-
-/// One tract a row's member holds, as listed for a copier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RowTract {
-    pub blob: BlobId,
-    pub tract: TractNo,
-}
-wire_struct!(RowTract { blob: BlobId, tract: TractNo });
-
-/// A tractserver's place in the cluster: the cluster's parameters and every
-/// row it belongs to. Replaces the previous assignment as a whole.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Assignment {
-    pub cluster_id: u128,
-    pub tract_size: u32,
-    pub replication: u8,
-    pub tlt_len: u32,
-    pub tlt_version: u64,
-    pub rows: Vec<AssignedRow>,
-}
-wire_struct!(Assignment {
-    cluster_id: u128,
-    tract_size: u32,
-    replication: u8,
-    tlt_len: u32,
-    tlt_version: u64,
-    rows: Vec<AssignedRow>,
-});
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Heartbeat {
-    pub ts_id: TsId,
-    pub addr: String,
-    pub domain: String,
-    pub tract_size: u32,
-    pub slots_total: u64,
-    pub slots_used: u64,
-    /// Requests in flight when the heartbeat was sent.
-    pub load: u32,
-    /// Measured sequential write speed of the disk (MB/s; 0 if unknown),
-    /// for weighting the 1-way TLT (FDS §2.2).
-    pub disk_mbps: u32,
-    /// What the tractserver has stored, if it was ever assigned rows and
-    /// this is the first heartbeat on a connection or the metadata server
-    /// asked for it.
-    pub assignment: Option<Assignment>,
-    /// Rows this server has finished copying (at those versions).
-    pub filled: Vec<RowRef>,
-    pub fill: FillProgress,
-}
-wire_struct!(Heartbeat {
-    ts_id: TsId,
-    addr: String,
-    domain: String,
-    tract_size: u32,
-    slots_total: u64,
-    slots_used: u64,
-    load: u32,
-    disk_mbps: u32,
-    assignment: Option<Assignment>,
-    filled: Vec<RowRef>,
-    fill: FillProgress,
-});
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeartbeatAction {
-    Continue = 0,
-    /// The metadata server no longer counts this tractserver as a member of
-    /// the cluster it serves (FDS §3.1: a returning dead server is told to
-    /// stop).
-    StopServing = 1,
-}
-
-impl Wire for HeartbeatAction {
-    const MIN_LEN: usize = 1;
-    fn put(&self, w: &mut Writer) {
-        (*self as u8).put(w)
-    }
-    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        match u8::get(r)? {
-            0 => Ok(HeartbeatAction::Continue),
-            1 => Ok(HeartbeatAction::StopServing),
-            v => Err(DecodeError::BadValue { field: "heartbeat action", value: v as u64 }),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeartbeatReply {
-    pub action: HeartbeatAction,
-    pub interval_ms: u32,
-    /// Include the stored assignment in the next heartbeat: the metadata
-    /// server is (re)building the TLT. Otherwise heartbeats stay small.
-    pub send_assignment: bool,
-    /// How long this reply lets the tractserver serve without another
-    /// successful heartbeat (counted from when it sent this one). Shorter
-    /// than the time after which the metadata server declares it dead, so
-    /// a cut-off server stops serving before its rows are given to others.
-    pub lease_ms: u32,
-}
-wire_struct!(HeartbeatReply {
-    action: HeartbeatAction,
-    interval_ms: u32,
-    send_assignment: bool,
-    lease_ms: u32,
-});
-
-/// The cluster's creation parameters, asked for by a tractserver before it
-/// formats a new disk.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterParams {
-    pub tract_size: u32,
-    pub replication: u8,
-    /// 0 until the first TLT has been built.
-    pub cluster_id: u128,
-}
-wire_struct!(ClusterParams { tract_size: u32, replication: u8, cluster_id: u128 });
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MemberStatus {
-    pub id: TsId,
-    pub addr: String,
-    pub domain: String,
-    pub alive: bool,
-    pub last_heartbeat_ms: u64,
-    pub slots_total: u64,
-    pub slots_used: u64,
-    pub load: u32,
-    /// TLT rows this tractserver appears in, and how many as primary.
-    pub rows: u32,
-    pub primaries: u32,
-    /// Declared dead: its rows were given to others.
-    pub dead: bool,
-    pub fill: FillProgress,
-}
-wire_struct!(MemberStatus {
-    id: TsId,
-    addr: String,
-    domain: String,
-    alive: bool,
-    last_heartbeat_ms: u64,
-    slots_total: u64,
-    slots_used: u64,
-    load: u32,
-    rows: u32,
-    primaries: u32,
-    dead: bool,
-    fill: FillProgress,
-});
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterStatus {
-    /// `waiting`, `recovering` or `ready`: see the metadata server's phases.
-    pub phase: String,
-    pub cluster_id: u128,
-    pub tract_size: u32,
-    pub replication: u8,
-    pub tlt_version: u64,
-    pub tlt_rows: u32,
-    pub members: Vec<MemberStatus>,
-    /// Rows with a member still copying (not yet fully replicated).
-    pub rows_filling: u32,
-    /// Rows naming a dead member that could not be replaced yet.
-    pub rows_degraded: u32,
-}
-wire_struct!(ClusterStatus {
-    phase: String,
-    cluster_id: u128,
-    tract_size: u32,
-    replication: u8,
-    tlt_version: u64,
-    tlt_rows: u32,
-    members: Vec<MemberStatus>,
-    rows_filling: u32,
-    rows_degraded: u32,
-});
-
-impl ClusterStatus {
-    /// Every row has all its members alive and complete.
-    pub fn fully_replicated(&self) -> bool {
-        self.phase == "ready" && self.rows_filling == 0 && self.rows_degraded == 0
-    }
-}
-
-wire_struct!(TltMember { id: TsId, addr: String, domain: String });
-wire_struct!(Pending { column: u8, member: u32 });
-wire_struct!(TltRow { version: u64, members: Vec<u32>, pending: Vec<Pending> });
-wire_struct!(Tlt {
-    cluster_id: u128,
-    tract_size: u32,
-    replication: u8,
-    version: u64,
-    members: Vec<TltMember>,
-    rows: Vec<TltRow>,
-});
 
 /// A request's meta part. Data (for `WriteTract`) travels beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -569,6 +324,27 @@ pub enum Request {
     },
     ClusterStatus,
     ClusterParams,
+    /// Takes the volume `blob` for writing for `ttl_ms` on behalf of
+    /// `holder` (a process: `host:pid/nonce`); with `take_over`, even from
+    /// another live holder (the operator says it is dead).
+    AcquireVolume {
+        blob: BlobId,
+        holder: String,
+        ttl_ms: u64,
+        take_over: bool,
+    },
+    /// Extends `holder`'s lease on `blob`, taken under `token`.
+    RenewVolume {
+        blob: BlobId,
+        holder: String,
+        token: u64,
+        ttl_ms: u64,
+    },
+    /// Frees the lease on `blob` if `token` still holds it.
+    ReleaseVolume {
+        blob: BlobId,
+        token: u64,
+    },
 }
 
 impl Request {
@@ -599,6 +375,9 @@ impl Request {
             Request::GetTlt { .. } => Opcode::GetTlt,
             Request::ClusterStatus => Opcode::ClusterStatus,
             Request::ClusterParams => Opcode::ClusterParams,
+            Request::AcquireVolume { .. } => Opcode::AcquireVolume,
+            Request::RenewVolume { .. } => Opcode::RenewVolume,
+            Request::ReleaseVolume { .. } => Opcode::ReleaseVolume,
         }
     }
 
@@ -674,6 +453,22 @@ impl Request {
             Request::AssignRows { assignment } => assignment.put(&mut w),
             Request::Heartbeat(h) => h.put(&mut w),
             Request::GetTlt { have_version } => have_version.put(&mut w),
+            Request::AcquireVolume { blob, holder, ttl_ms, take_over } => {
+                blob.put(&mut w);
+                holder.put(&mut w);
+                ttl_ms.put(&mut w);
+                take_over.put(&mut w);
+            }
+            Request::RenewVolume { blob, holder, token, ttl_ms } => {
+                blob.put(&mut w);
+                holder.put(&mut w);
+                token.put(&mut w);
+                ttl_ms.put(&mut w);
+            }
+            Request::ReleaseVolume { blob, token } => {
+                blob.put(&mut w);
+                token.put(&mut w);
+            }
         }
         w.buf.freeze()
     }
@@ -741,6 +536,19 @@ impl Request {
             Opcode::AssignRows => Request::AssignRows { assignment: Wire::get(r)? },
             Opcode::Heartbeat => Request::Heartbeat(Wire::get(r)?),
             Opcode::GetTlt => Request::GetTlt { have_version: Wire::get(r)? },
+            Opcode::AcquireVolume => Request::AcquireVolume {
+                blob: Wire::get(r)?,
+                holder: Wire::get(r)?,
+                ttl_ms: Wire::get(r)?,
+                take_over: Wire::get(r)?,
+            },
+            Opcode::RenewVolume => Request::RenewVolume {
+                blob: Wire::get(r)?,
+                holder: Wire::get(r)?,
+                token: Wire::get(r)?,
+                ttl_ms: Wire::get(r)?,
+            },
+            Opcode::ReleaseVolume => Request::ReleaseVolume { blob: Wire::get(r)?, token: Wire::get(r)? },
         };
         r.finish()?;
         Ok(req)
@@ -911,6 +719,8 @@ pub enum Reply {
     Tlt(Option<Tlt>),
     ClusterStatus(ClusterStatus),
     ClusterParams(ClusterParams),
+    /// `AcquireVolume`, `RenewVolume`.
+    VolumeLease(VolumeLease),
 }
 
 const STATUS_OK: u16 = 0;
@@ -947,6 +757,7 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::Tlt(t) => t.put(&mut w),
                 Reply::ClusterStatus(s) => s.put(&mut w),
                 Reply::ClusterParams(p) => p.put(&mut w),
+                Reply::VolumeLease(l) => l.put(&mut w),
             }
         }
     }
@@ -969,7 +780,8 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             | Opcode::MetaPrepare
             | Opcode::MetaCommit
             | Opcode::MetaAbort
-            | Opcode::AssignRows => Reply::Done,
+            | Opcode::AssignRows
+            | Opcode::ReleaseVolume => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
             Opcode::DigestTract => Reply::Digest { chunks: get_digest(r)? },
@@ -986,6 +798,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::GetTlt => Reply::Tlt(Wire::get(r)?),
             Opcode::ClusterStatus => Reply::ClusterStatus(Wire::get(r)?),
             Opcode::ClusterParams => Reply::ClusterParams(Wire::get(r)?),
+            Opcode::AcquireVolume | Opcode::RenewVolume => Reply::VolumeLease(Wire::get(r)?),
         }),
         v => return Err(DecodeError::BadValue { field: "status", value: v as u64 }),
     };
@@ -994,263 +807,4 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn addr() -> TractAddr {
-        TractAddr { blob: BlobId(0x11), incarnation: 2, tract: TractNo(3), row_version: 4, writer: 5 }
-    }
-
-    /// A write request's meta bytes are pinned: changing them is a protocol change.
-    #[test]
-    fn write_tract_golden_bytes() {
-        let req = Request::WriteTract { addr: addr(), offset: 4096, crcs: vec![0xaabbccdd] };
-        let b = req.encode();
-        let mut want = vec![0x11];
-        want.extend_from_slice(&[0; 15]);
-        want.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 0]);
-        want.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
-        want.extend_from_slice(&[4, 0, 0, 0, 0, 0, 0, 0]);
-        want.extend_from_slice(&[5, 0, 0, 0, 0, 0, 0, 0]);
-        want.extend_from_slice(&[0, 0x10, 0, 0]);
-        want.extend_from_slice(&[1, 0, 0, 0, 0xdd, 0xcc, 0xbb, 0xaa]);
-        assert_eq!(&b[..], &want[..]);
-        assert_eq!(Request::decode(Opcode::WriteTract, &b), Ok(req));
-    }
-
-    fn samples() -> Vec<Request> {
-        let meta = BlobMeta { blob: BlobId(9), incarnation: 1, replication: 3, size_tracts: 10, version: 2 };
-        let assignment = Assignment {
-            cluster_id: 5,
-            tract_size: 8 << 20,
-            replication: 3,
-            tlt_len: 28,
-            tlt_version: 7,
-            rows: vec![AssignedRow {
-                row: 3,
-                version: 2,
-                members: vec![TsId(1), TsId(2), TsId(3)],
-                filling: vec![TsId(3), TsId(4)],
-                pending: vec![PendingMember { column: 1, id: TsId(4) }],
-            }],
-        };
-        vec![
-            Request::Ping,
-            Request::Hello { session: 0x1234_5678, epoch: 3 },
-            Request::WriteTract { addr: addr(), offset: 1, crcs: vec![1, 2] },
-            Request::ReadTract { addr: addr(), offset: 7, len: 100 },
-            Request::DeleteTract { addr: addr() },
-            Request::TrimTract { addr: addr(), offset: 4096, len: 8192 },
-            Request::MappedTract { addr: addr() },
-            Request::DigestTract { addr: TractAddr { writer: u64::MAX, ..addr() } },
-            Request::WriteTractCached { addr: addr(), offset: 8192, crcs: vec![1, 2] },
-            Request::SyncDisk,
-            Request::ListRowTracts { row: 4, row_version: 5, after: None },
-            Request::ListRowTracts {
-                row: 4,
-                row_version: 5,
-                after: Some(RowTract { blob: BlobId(6), tract: TractNo::META }),
-            },
-            Request::CopyTract {
-                row: 4,
-                row_version: 5,
-                tract: RowTract { blob: BlobId(6), tract: TractNo(7) },
-            },
-            Request::ListBlobs,
-            Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
-            Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
-            Request::DeleteBlob { blob: BlobId(1), row_version: 2 },
-            Request::GetBlob { blob: BlobId(1), row_version: 2 },
-            Request::MetaPrepare {
-                blob: BlobId(1),
-                row_version: 2,
-                txn: 3,
-                expected_version: 4,
-                new: Some(meta),
-            },
-            Request::MetaPrepare { blob: BlobId(1), row_version: 2, txn: 3, expected_version: 4, new: None },
-            Request::MetaCommit { blob: BlobId(1), row_version: 2, txn: 3 },
-            Request::MetaAbort { blob: BlobId(1), row_version: 2, txn: 3 },
-            Request::AssignRows { assignment: assignment.clone() },
-            Request::Heartbeat(Heartbeat {
-                ts_id: TsId(77),
-                addr: "127.0.0.1:1".into(),
-                domain: "rack1".into(),
-                tract_size: 4096,
-                slots_total: 10,
-                slots_used: 3,
-                load: 1,
-                disk_mbps: 100,
-                assignment: Some(assignment),
-                filled: vec![RowRef { row: 3, version: 2 }],
-                fill: FillProgress { rows: 1, tracts_total: 2, tracts_done: 1, bytes_done: 4096 },
-            }),
-            Request::GetTlt { have_version: 3 },
-            Request::ClusterStatus,
-            Request::ClusterParams,
-        ]
-    }
-
-    /// Every request kind survives an encode/decode round trip.
-    #[test]
-    fn requests_round_trip() {
-        for req in samples() {
-            let b = req.encode();
-            assert_eq!(Request::decode(req.opcode(), &b), Ok(req));
-        }
-    }
-
-    /// Every proper prefix of every request is rejected without a panic.
-    #[test]
-    fn truncated_requests_are_rejected() {
-        for req in samples() {
-            let b = req.encode();
-            for n in 0..b.len() {
-                assert!(Request::decode(req.opcode(), &b[..n]).is_err(), "{req:?} prefix {n} accepted");
-            }
-        }
-    }
-
-    #[test]
-    fn responses_round_trip() {
-        let tlt = Tlt {
-            cluster_id: 1,
-            tract_size: 4096,
-            replication: 1,
-            version: 2,
-            members: vec![
-                TltMember { id: TsId(1), addr: "a:1".into(), domain: "d".into() },
-                TltMember { id: TsId(2), addr: "b:1".into(), domain: "e".into() },
-            ],
-            rows: vec![TltRow {
-                version: 1,
-                members: vec![0],
-                pending: vec![Pending { column: 0, member: 1 }],
-            }],
-        };
-        let cases = vec![
-            (Opcode::Ping, Ok(Reply::Done)),
-            (Opcode::ReadTract, Ok(Reply::Read { crcs: vec![1, 2, 3] })),
-            (Opcode::MappedTract, Ok(Reply::Mapped { bitmap: vec![0b1010_0001, 0, 0xff] })),
-            (Opcode::WriteTractCached, Ok(Reply::Boot { boot: 0x0123_4567_89ab_cdef })),
-            (Opcode::DigestTract, Ok(Reply::Digest { chunks: vec![] })),
-            (
-                Opcode::DigestTract,
-                Ok(Reply::Digest {
-                    chunks: vec![
-                        ChunkState::Hole,
-                        ChunkState::Data(0xdead_beef),
-                        ChunkState::Unreadable,
-                        ChunkState::Data(0),
-                    ],
-                }),
-            ),
-            (Opcode::DigestTract, Ok(Reply::Digest { chunks: vec![ChunkState::Data(7); DIGEST_CHUNKS_MAX] })),
-            (
-                Opcode::WriteTract,
-                Err(ErrorReply { code: ErrorCode::Fenced, current_version: 6, message: "fenced".into() }),
-            ),
-            (Opcode::SyncDisk, Ok(Reply::Boot { boot: 7 })),
-            (
-                Opcode::ListRowTracts,
-                Ok(Reply::RowTracts {
-                    tracts: vec![RowTract { blob: BlobId(1), tract: TractNo(2) }],
-                    more: true,
-                }),
-            ),
-            (
-                Opcode::CopyTract,
-                Ok(Reply::TractCopy { incarnation: 3, bitmap: vec![0b101], crcs: vec![8, 9] }),
-            ),
-            (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
-            (Opcode::GetTlt, Ok(Reply::Tlt(None))),
-            (
-                Opcode::WriteTract,
-                Err(ErrorReply {
-                    code: ErrorCode::StaleVersion,
-                    current_version: 9,
-                    message: "stale".into(),
-                }),
-            ),
-        ];
-        for (op, res) in cases {
-            let b = encode_response(&res);
-            assert_eq!(decode_response(op, &b), Ok(res));
-        }
-    }
-
-    /// A digest's bytes are pinned (tag byte, CRC after a data tag), and
-    /// every proper prefix of one is refused.
-    #[test]
-    fn digest_golden_bytes() {
-        let res = Ok(Reply::Digest {
-            chunks: vec![ChunkState::Hole, ChunkState::Data(0x0403_0201), ChunkState::Unreadable],
-        });
-        let b = encode_response(&res);
-        assert_eq!(&b[..], &[0, 0, 3, 0, 0, 0, 0, 1, 1, 2, 3, 4, 2][..]);
-        assert_eq!(decode_response(Opcode::DigestTract, &b), Ok(res));
-        for n in 0..b.len() {
-            assert!(decode_response(Opcode::DigestTract, &b[..n]).is_err(), "prefix {n} accepted");
-        }
-    }
-
-    /// A digest longer than the largest tract has chunks, or with an
-    /// unknown tag, is refused (before allocating for the count).
-    #[test]
-    fn bad_digests_are_refused() {
-        let mut too_long = vec![0u8, 0];
-        too_long.extend_from_slice(&(DIGEST_CHUNKS_MAX as u32 + 1).to_le_bytes());
-        too_long.resize(too_long.len() + DIGEST_CHUNKS_MAX + 1, 0);
-        assert_eq!(
-            decode_response(Opcode::DigestTract, &too_long),
-            Err(DecodeError::BadValue { field: "digest chunks", value: DIGEST_CHUNKS_MAX as u64 + 1 })
-        );
-        let mut huge = vec![0u8, 0];
-        huge.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_response(Opcode::DigestTract, &huge).is_err());
-        let lying = [0u8, 0, 5, 0, 0, 0, 0, 0];
-        assert!(matches!(
-            decode_response(Opcode::DigestTract, &lying),
-            Err(DecodeError::ListTooLong { count: 5, left: 2 })
-        ));
-        let unknown_tag = [0u8, 0, 2, 0, 0, 0, 0, 3];
-        assert_eq!(
-            decode_response(Opcode::DigestTract, &unknown_tag),
-            Err(DecodeError::BadValue { field: "chunk state", value: 3 })
-        );
-    }
-
-    /// `Fenced` decodes from its number and is not retried as transient.
-    #[test]
-    fn fenced_is_known_and_not_transient() {
-        assert_eq!(ErrorCode::from_u16(19), Some(ErrorCode::Fenced));
-        assert!(!ErrorCode::Fenced.is_transient());
-    }
-
-    fn any_chunk_state() -> impl Strategy<Value = ChunkState> {
-        prop_oneof![
-            Just(ChunkState::Hole),
-            any::<u32>().prop_map(ChunkState::Data),
-            Just(ChunkState::Unreadable)
-        ]
-    }
-
-    proptest! {
-        /// Any digest survives an encode/decode round trip.
-        #[test]
-        fn digests_round_trip(chunks in proptest::collection::vec(any_chunk_state(), 0..300)) {
-            let res = Ok(Reply::Digest { chunks });
-            let b = encode_response(&res);
-            prop_assert_eq!(decode_response(Opcode::DigestTract, &b), Ok(res));
-        }
-
-        /// Arbitrary bytes never make any decoder panic.
-        #[test]
-        fn garbage_never_panics(op in 0usize..Opcode::ALL.len(), bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let op = Opcode::ALL[op];
-            let _ = Request::decode(op, &bytes);
-            let _ = decode_response(op, &bytes);
-        }
-    }
-}
+mod tests;

@@ -707,7 +707,10 @@ impl TractService {
             Request::Heartbeat(_)
             | Request::GetTlt { .. }
             | Request::ClusterStatus
-            | Request::ClusterParams => (
+            | Request::ClusterParams
+            | Request::AcquireVolume { .. }
+            | Request::RenewVolume { .. }
+            | Request::ReleaseVolume { .. } => (
                 Err(ErrorReply::new(ErrorCode::BadRequest, "that request is for the metadata server")),
                 Bytes::new(),
             ),

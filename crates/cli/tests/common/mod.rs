@@ -77,6 +77,16 @@ impl Proc {
         lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
     }
 
+    /// Whether it is still running (reaps it if it exited).
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn killed(&self) -> bool {
         self.child.is_none()
     }

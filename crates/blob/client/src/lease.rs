@@ -1,0 +1,103 @@
+//! Volume leases (design 0007): one writer per volume. The metadata
+//! service's leader grants, renews and frees them; these calls find it
+//! (`MetaService`) and retry what is worth retrying until their deadline:
+//! a leader still taking over answers `NotReady`, an election no answer.
+//! Acquire and renew are idempotent for their holder, release for its
+//! token, so a retried request whose first answer was lost does no harm.
+
+use std::time::Duration;
+
+use blizzard_core::BlobId;
+use blizzard_proto::{ErrorCode, Reply, Request, VolumeLease};
+use blizzard_rpc::RpcError;
+
+use crate::client::{Client, ClientError};
+
+const PAUSE_MIN: Duration = Duration::from_millis(20);
+const PAUSE_MAX: Duration = Duration::from_millis(500);
+
+impl Client {
+    /// Asks for the volume `blob` for writing, for `ttl`, as `holder`;
+    /// `take_over` even from another live holder. The answer says whether
+    /// it was granted, and otherwise who holds it and for how long.
+    pub async fn acquire_volume(
+        &self,
+        blob: BlobId,
+        holder: &str,
+        ttl: Duration,
+        take_over: bool,
+    ) -> Result<VolumeLease, ClientError> {
+        let req = Request::AcquireVolume { blob, holder: holder.to_string(), ttl_ms: ms(ttl), take_over };
+        self.lease_reply(self.lease_call(&req, self.inner.cfg.request_timeout).await?)
+    }
+
+    /// Extends `holder`'s lease on `blob` (taken under `token`) by `ttl`;
+    /// gives up after `deadline`.
+    pub async fn renew_volume(
+        &self,
+        blob: BlobId,
+        holder: &str,
+        token: u64,
+        ttl: Duration,
+        deadline: Duration,
+    ) -> Result<VolumeLease, ClientError> {
+        let req = Request::RenewVolume { blob, holder: holder.to_string(), token, ttl_ms: ms(ttl) };
+        self.lease_reply(self.lease_call(&req, deadline).await?)
+    }
+
+    /// Frees the lease on `blob` if `token` still holds it.
+    pub async fn release_volume(&self, blob: BlobId, token: u64) -> Result<(), ClientError> {
+        match self.lease_call(&Request::ReleaseVolume { blob, token }, self.inner.cfg.request_timeout).await?
+        {
+            Reply::Done => Ok(()),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn lease_reply(&self, reply: Reply) -> Result<VolumeLease, ClientError> {
+        match reply {
+            Reply::VolumeLease(l) => Ok(l),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn unexpected(&self, reply: &Reply) -> ClientError {
+        ClientError::Meta {
+            addr: self.inner.cfg.meta.clone(),
+            message: format!("unexpected reply to a lease request: {reply:?}"),
+        }
+    }
+
+    /// One lease request, retried through elections and takeovers until
+    /// `deadline`.
+    async fn lease_call(&self, req: &Request, deadline: Duration) -> Result<Reply, ClientError> {
+        let env = &self.inner.env;
+        let end = env.now() + deadline;
+        let mut pause = PAUSE_MIN;
+        loop {
+            let left = end.saturating_duration_since(env.now());
+            let err = match self.inner.meta.call(req, left).await {
+                Ok((reply, _, _)) => return Ok(reply),
+                Err(e) => e,
+            };
+            let transient = match &err {
+                RpcError::Remote { reply, .. } => {
+                    reply.code.is_transient() && reply.code != ErrorCode::NotOwner
+                }
+                _ => true,
+            };
+            if !transient || env.now() + pause >= end {
+                return Err(ClientError::Meta {
+                    addr: self.inner.cfg.meta.clone(),
+                    message: err.to_string(),
+                });
+            }
+            env.sleep(pause).await;
+            pause = (pause * 2).min(PAUSE_MAX);
+        }
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
