@@ -11,7 +11,9 @@
 // Real time: the cluster runs on real sockets and files.
 #![allow(clippy::disallowed_methods)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,25 +24,9 @@ use blizzard_env::Env;
 use blizzard_proto::{ErrorCode, Reply, Request};
 use blizzard_rpc::RpcConn;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, VolumeSpec};
+use common::{checked_load, init_tracing, wait_for, Load};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-async fn wait_for<F: FnMut(&Cluster) -> bool>(c: &Cluster, what: &str, mut f: F) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f(c) {
-        assert!(Instant::now() < deadline, "not within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_continue_and_the_table_moves_on_across_metadata_leaders() -> R {
@@ -68,30 +54,7 @@ async fn writes_continue_and_the_table_moves_on_across_metadata_leaders() -> R {
 
     // A writer that checks each block it wrote, and notes its longest wait.
     let stop = Arc::new(AtomicBool::new(false));
-    let longest_ms = Arc::new(AtomicU64::new(0));
-    let writes = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (vol, stop, longest_ms, writes) = (vol.clone(), stop.clone(), longest_ms.clone(), writes.clone());
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let at = (i % 1024) * 4096;
-                let byte = (i % 251) as u8;
-                let t = Instant::now();
-                vol.write(at, Bytes::from(vec![byte; 4096]), false)
-                    .await
-                    .map_err(|e| format!("write {i}: {e}"))?;
-                let got = vol.read(at, 4096).await.map_err(|e| format!("read {i}: {e}"))?;
-                longest_ms.fetch_max(t.elapsed().as_millis() as u64, Ordering::Relaxed);
-                if got.iter().any(|b| *b != byte) {
-                    return Err(format!("block {at} does not hold write {i}"));
-                }
-                writes.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-            Ok::<(), String>(())
-        })
-    };
+    let Load { task: writer, longest_ms, done: writes } = checked_load(vol.clone(), 1024, stop.clone());
 
     let first = c.meta_leader().ok_or("no leader")?;
     let tlt_before = c.meta().unwrap().server.tlt().ok_or("no table")?;

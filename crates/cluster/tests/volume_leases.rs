@@ -11,7 +11,9 @@
 // Real time: the cluster runs on real sockets and files.
 #![allow(clippy::disallowed_methods)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,28 +24,11 @@ use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_env::Env;
 use blizzard_volume::lease::Writer;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, Volume, VolumeError, VolumeSpec};
+use common::{checked_load, init_tracing, wait_for, Load};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 const TTL: Duration = Duration::from_millis(1500);
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,openraft=error".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-async fn wait_for<F: FnMut(&Cluster) -> bool>(c: &Cluster, what: &str, mut f: F) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !f(c) {
-        assert!(Instant::now() < deadline, "not within 30 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn cluster(dir: &tempfile::TempDir) -> Result<Cluster, Box<dyn std::error::Error + Send + Sync>> {
     let mut cfg = ClusterConfig::new(dir.path());
@@ -78,37 +63,6 @@ fn holder_of(r: &Result<Volume, VolumeError>) -> Option<String> {
     }
 }
 
-/// Writes block `i` and reads it back until `stop`; the longest
-/// write+read, in ms, and how many were done.
-fn load(
-    vol: Arc<Volume>,
-    stop: Arc<AtomicBool>,
-) -> (tokio::task::JoinHandle<Result<(), String>>, Arc<AtomicU64>, Arc<AtomicU64>) {
-    let longest = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicU64::new(0));
-    let (l, d) = (longest.clone(), done.clone());
-    let task = tokio::spawn(async move {
-        let mut i = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            let at = (i % 512) * 4096;
-            let byte = (i % 251) as u8;
-            let t = Instant::now();
-            vol.write(at, Bytes::from(vec![byte; 4096]), false)
-                .await
-                .map_err(|e| format!("write {i}: {e}"))?;
-            let got = vol.read(at, 4096).await.map_err(|e| format!("read {i}: {e}"))?;
-            l.fetch_max(t.elapsed().as_millis() as u64, Ordering::Relaxed);
-            if got.iter().any(|b| *b != byte) {
-                return Err(format!("block {at} does not hold write {i}"));
-            }
-            d.fetch_add(1, Ordering::Relaxed);
-            i += 1;
-        }
-        Ok(())
-    });
-    (task, longest, done)
-}
-
 /// The lease is held across a change of metadata leader (renewed by the
 /// new one, still refusing others); the holder dies without closing: the
 /// volume is refused until its lease ends, then granted, and a write
@@ -135,7 +89,7 @@ async fn a_lease_outlives_a_metadata_leader_but_not_its_holder() -> R {
     // (its renewals reach the new leader) and others are still refused.
     let a = Arc::new(a);
     let stop = Arc::new(AtomicBool::new(false));
-    let (task, longest, done) = load(a.clone(), stop.clone());
+    let Load { task, longest_ms: longest, done } = checked_load(a.clone(), 512, stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let first = c.meta_leader().ok_or("no leader")?;
     c.stop_meta_replica(first).await;
@@ -202,7 +156,7 @@ async fn a_cut_off_holder_waits_and_a_taken_over_one_stops() -> R {
     let client = c.client().await?;
     let a = Arc::new(manage::create_as(env.clone(), &client, &spec("w"), &writer(&env)).await?);
     let stop = Arc::new(AtomicBool::new(false));
-    let (task, longest, done) = load(a.clone(), stop.clone());
+    let Load { task, longest_ms: longest, done } = checked_load(a.clone(), 512, stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let leader = c.meta_leader().ok_or("no leader")?;
