@@ -32,6 +32,7 @@ use blizzard_replicated::service::{Footprint, Position, Service};
 
 use crate::lease::{Lease, Leases, Outcome};
 use crate::plan::{check_change, Filling};
+use crate::server::MetaPlant;
 
 /// Longest lease a holder may ask for.
 pub const LEASE_TTL_MAX_MS: u64 = 10 * 60 * 1000;
@@ -278,7 +279,7 @@ pub struct MetaState {
 }
 
 impl MetaState {
-    fn apply(&mut self, op: &MetaOp) -> MetaReply {
+    fn apply(&mut self, op: &MetaOp, plant: MetaPlant) -> MetaReply {
         match op {
             MetaOp::Reserve { tlt_version, rows, dead, unsettled } => {
                 self.tlt_floor = self.tlt_floor.max(*tlt_version);
@@ -291,7 +292,7 @@ impl MetaState {
                 MetaReply::Done
             }
             MetaOp::Serve { tlt, filling, dead, unsettled } => {
-                if let Some(cur) = &self.tlt {
+                if let Some(cur) = self.tlt.as_ref().filter(|_| plant != MetaPlant::ForgetRowBump) {
                     // Checked against the served table only: the floors
                     // were raised to this very round's versions.
                     if let Err(e) = check_change(cur, tlt, &HashMap::new(), 0) {
@@ -444,9 +445,14 @@ impl MetaQuery {
 #[derive(Default)]
 pub struct MetaMachine {
     state: Mutex<MetaState>,
+    plant: MetaPlant,
 }
 
 impl MetaMachine {
+    pub fn new(plant: MetaPlant) -> MetaMachine {
+        MetaMachine { state: Mutex::default(), plant }
+    }
+
     fn state(&self) -> MutexGuard<'_, MetaState> {
         match self.state.lock() {
             Ok(g) => g,
@@ -467,7 +473,7 @@ impl MetaMachine {
     /// Applies an update here, outside any log: a single metadata server
     /// without a replica group keeps its state this way (in memory).
     pub fn apply_here(&self, op: &MetaOp) -> MetaReply {
-        self.state().apply(op)
+        self.state().apply(op, self.plant)
     }
 }
 
@@ -494,7 +500,7 @@ impl Service for MetaMachine {
     }
 
     fn apply(&self, op: &MetaOp, _at: Position) -> Bytes {
-        self.state().apply(op).encode()
+        self.state().apply(op, self.plant).encode()
     }
 
     fn read(&self, query: &Bytes) -> Result<Bytes, String> {

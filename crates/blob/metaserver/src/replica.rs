@@ -15,6 +15,7 @@ use blizzard_replicated::node::{Node, NodeConfig, NodeError, ProposeError};
 use blizzard_replicated::proto::{Replicated, Status};
 
 use crate::machine::{MetaMachine, MetaOp, MetaReply, MetaState};
+use crate::server::MetaPlant;
 
 /// One replica of a metadata group.
 #[derive(Clone, Debug)]
@@ -43,8 +44,8 @@ pub enum Replica {
 }
 
 impl Replica {
-    pub fn solo() -> Replica {
-        Replica::Solo(Arc::new(MetaMachine::default()))
+    pub fn solo(plant: MetaPlant) -> Replica {
+        Replica::Solo(Arc::new(MetaMachine::new(plant)))
     }
 
     /// Starts this replica's runtime member; the returned service answers
@@ -52,8 +53,9 @@ impl Replica {
     pub async fn group(
         env: &Env,
         g: &GroupConfig,
+        plant: MetaPlant,
     ) -> Result<(Replica, Arc<dyn blizzard_rpc::Service<Replicated>>), NodeError> {
-        let machine = Arc::new(MetaMachine::default());
+        let machine = Arc::new(MetaMachine::new(plant));
         let mut cfg = NodeConfig::new(g.id, g.peers.clone(), g.data_dir.clone());
         cfg.timing = g.timing.clone();
         // Entries are rare (a round, a lease) but a `Serve` carries the

@@ -34,7 +34,7 @@ use blizzard_proto::{AssignedRow, Assignment, Request, RowRef};
 use crate::machine::{MetaOp, RowFilling};
 use crate::plan::{self, assignment_for, Filling, Member, RowChange, Rules, View};
 use crate::replica::done;
-use crate::server::{lock, MetaError, MetaServer};
+use crate::server::{lock, MetaError, MetaPlant, MetaServer};
 use crate::tlt_builder::{build_rows, BuildParams, BuilderMember};
 
 /// The member states a change starts from (recorded by its `Reserve`).
@@ -447,7 +447,11 @@ impl MetaServer {
                 .copied()
                 .filter(|id| c.members.contains(id) || c.pending.iter().any(|(_, p)| p == id))
                 .collect();
-            if c.bump {
+            // (Indices into `t.members` equal `cur`'s for the members `cur`
+            // has: new ones are appended.)
+            let moved = (&r.members, &r.pending) != (&cur.rows[c.row].members, &cur.rows[c.row].pending);
+            let forget = self.cfg.plant == MetaPlant::ForgetRowBump && moved;
+            if c.bump && !forget {
                 r.version =
                     r.version.max(floors.get(&c.row).copied().unwrap_or(0)).max(self.version_base) + 1;
                 bumped.push(RowRef { row: c.row as u32, version: r.version });
@@ -463,8 +467,10 @@ impl MetaServer {
         // FDS §3.1's invariant, checked rather than trusted: a refused
         // change is logged and retried next round, never served.
         let floors: HashMap<usize, u64> = floors.into_iter().collect();
-        plan::check_change(cur, &t, &floors, tlt_floor)
-            .map_err(|e| MetaError::BadChange(format!("invariant violated, change not served: {e}")))?;
+        if self.cfg.plant != MetaPlant::ForgetRowBump {
+            plan::check_change(cur, &t, &floors, tlt_floor)
+                .map_err(|e| MetaError::BadChange(format!("invariant violated, change not served: {e}")))?;
+        }
         // A dead member cannot store anything: it is told to stop serving
         // when it heartbeats again, and then given its assignment.
         let to_settle: BTreeSet<TsId> = unsettled.union(&marks.settle).copied().collect();

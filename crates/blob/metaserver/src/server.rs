@@ -91,6 +91,22 @@ pub struct MetaConfig {
     /// Every volume lease a new leader inherits lasts at least this long
     /// from its takeover (design 0007).
     pub volume_lease_ttl: Duration,
+    /// A bug planted on purpose (the simulator shows its checks catch it);
+    /// never set outside tests.
+    pub plant: MetaPlant,
+}
+
+/// Bugs the simulator plants in the metadata service to show that its
+/// checks catch them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetaPlant {
+    #[default]
+    None,
+    /// The leader changes a row's members without bumping its version, and
+    /// the checks that would refuse it (`plan::check_change` in the round
+    /// and in the replicated `Serve`) are off: one (row, version) names two
+    /// memberships.
+    ForgetRowBump,
 }
 
 impl MetaConfig {
@@ -111,6 +127,7 @@ impl MetaConfig {
             metrics_listen: None,
             group: None,
             volume_lease_ttl: Duration::from_secs(10),
+            plant: MetaPlant::None,
         }
     }
 }
@@ -638,9 +655,9 @@ pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
         env.bind(&cfg.listen).await.map_err(|error| MetaError::Bind { addr: cfg.listen.clone(), error })?;
     let addr = listener.local_addr();
     let (replica, front) = match &cfg.group {
-        None => (Replica::solo(), None),
+        None => (Replica::solo(cfg.plant), None),
         Some(g) => {
-            let (r, front) = Replica::group(&env, g).await?;
+            let (r, front) = Replica::group(&env, g, cfg.plant).await?;
             (r, Some(front))
         }
     };

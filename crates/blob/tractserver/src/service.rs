@@ -169,6 +169,12 @@ pub struct TractService {
     pub io_disk: Mutex<InjectedDisk>,
     metas: Mutex<HashMap<BlobId, BlobMeta>>,
     prepared: Mutex<HashMap<BlobId, Prepared>>,
+    /// Blobs whose last metadata change this primary committed and some
+    /// replica may not have (its commit failed): the next change of the
+    /// blob first brings every replica to this copy (`meta_change`). In
+    /// memory: a primary restarted between a failed commit and the
+    /// client's retry answers the retry from its own copy.
+    meta_unconfirmed: Mutex<std::collections::HashSet<BlobId>>,
     blob_locks: Mutex<HashMap<BlobId, Arc<tokio::sync::Mutex<()>>>>,
     peers: Mutex<HashMap<TsId, String>>,
     /// To peers, by address.
@@ -257,6 +263,7 @@ impl TractService {
             io_disk: Mutex::new(InjectedDisk::default()),
             metas: Mutex::new(HashMap::new()),
             prepared: Mutex::new(HashMap::new()),
+            meta_unconfirmed: Mutex::default(),
             blob_locks: Mutex::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
             conns: blizzard_rpc::ConnCache::default(),
@@ -834,6 +841,17 @@ impl TractService {
             return Err(not_primary(blob));
         }
         self.ensure_copied(blob, TractNo::META).await?;
+        let me = self.store.disk_id();
+        // Pending members (cluster growth) too: they must hold the blob's
+        // metadata when they take over their column.
+        let others: Vec<TsId> = holders.into_iter().filter(|m| *m != me).collect();
+        if lock(&self.meta_unconfirmed).contains(&blob) {
+            // A replica may lack the change this copy holds: a client's
+            // retry (or the next change) first brings them all to it, so
+            // what a client was told is on every replica.
+            let cur = lock(&self.metas).get(&blob).copied();
+            self.replicate_meta(blob, row_version, cur, cur, &others).await?;
+        }
         let cur = lock(&self.metas).get(&blob).copied();
         let new: Option<BlobMeta> = match (op, cur) {
             (MetaOp::Create { .. }, Some(_)) => {
@@ -870,13 +888,26 @@ impl TractService {
             }
             (MetaOp::Delete, Some(_)) => None,
         };
+        self.replicate_meta(blob, row_version, cur, new, &others).await?;
+        // A delete answers with the metadata the blob had.
+        new.or(cur)
+            .map(Reply::Blob)
+            .ok_or_else(|| ErrorReply::new(ErrorCode::Internal, "metadata change with no before or after"))
+    }
+
+    /// Two-phase commit of a blob's metadata over its row: every other
+    /// holder prepares, then this copy commits, then the others. `Ok` only
+    /// when every holder committed.
+    async fn replicate_meta(
+        &self,
+        blob: BlobId,
+        row_version: u64,
+        cur: Option<BlobMeta>,
+        new: Option<BlobMeta>,
+        others: &[TsId],
+    ) -> Result<(), ErrorReply> {
         let expected_version = cur.map(|c| c.version).unwrap_or(0);
         let txn = self.env.random_u64();
-        let me = self.store.disk_id();
-        // Pending members (cluster growth) too: they must hold the blob's
-        // metadata when they take over their column.
-        let others: Vec<TsId> = holders.into_iter().filter(|m| *m != me).collect();
-
         // Phase one: every other replica must accept before anything changes.
         let prepare = Request::MetaPrepare { blob, row_version, txn, expected_version, new };
         let results = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &prepare))).await;
@@ -896,17 +927,21 @@ impl TractService {
         self.apply_meta(blob, new, row_version).await?;
         let commit = Request::MetaCommit { blob, row_version, txn };
         let results = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &commit))).await;
-        for (m, r) in others.iter().zip(results) {
-            if let Err(e) = r {
-                // The change is committed at the primary; a replica that
-                // missed it is brought up to date by the next prepare.
-                tracing::warn!(%blob, replica = %m, error = %e, "replica failed to commit metadata");
-            }
+        // Acknowledged only once every replica committed: a replica that
+        // missed it (its lease lapsed, say) would lose the change if it
+        // became the primary. The client retries; the retry brings every
+        // replica to this copy first (`meta_unconfirmed`).
+        let missed = others.iter().zip(results).find_map(|(m, r)| r.err().map(|e| (m, e)));
+        if let Some((m, e)) = missed {
+            tracing::warn!(%blob, replica = %m, error = %e, "replica failed to commit metadata; the client's retry will bring it up to date");
+            lock(&self.meta_unconfirmed).insert(blob);
+            return Err(ErrorReply::new(
+                ErrorCode::Aborted,
+                format!("metadata of {blob} committed here but not on replica {m} ({e}); retry"),
+            ));
         }
-        // A delete answers with the metadata the blob had.
-        new.or(cur)
-            .map(Reply::Blob)
-            .ok_or_else(|| ErrorReply::new(ErrorCode::Internal, "metadata change with no before or after"))
+        lock(&self.meta_unconfirmed).remove(&blob);
+        Ok(())
     }
 
     /// The metadata server's current TLT.
