@@ -1,5 +1,6 @@
-//! A whole blob-store cluster in one seeded process: a metadata server, N
-//! tractservers on simulated disks, blob clients running a verified
+//! A whole blob-store cluster in one seeded process: a metadata server (or
+//! a replicated group of them, `meta_replicas`), N tractservers on
+//! simulated disks, blob clients running a verified
 //! workload, and volume clients running a replicated volume
 //! (`volume_client`), with tractserver crashes (losing, keeping or tearing
 //! unsynced writes), metadata-server restarts and volume-client crashes
@@ -30,6 +31,15 @@
 //!   pause the host restarts on the same disk;
 //! - metadata server crash and restart: all its state is gone; it rebuilds
 //!   the TLT from the tractservers' heartbeats;
+//! - with a replicated metadata service (`meta_replicas` 3 or 5, design
+//!   0007): a replica's crash (its runtime's files losing, keeping or
+//!   tearing unsynced writes) and restart, a leader among them; one time
+//!   in three a majority at once, down 1–4 s, longer than the
+//!   tractservers' lease, so every tractserver stops serving until a
+//!   leader is back; replicas are partitioned like any host. Volume
+//!   clients then take their volume's lease on every open, taking it over
+//!   from the life before (the fencing token floors the writer epoch the
+//!   tractservers fence with);
 //! - partitions: a link cut both ways or one way (messages dropped), or a
 //!   tractserver cut off from every other host link by link, its links
 //!   restored one by one in random order; 0.2–3 s each;
@@ -75,7 +85,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use blizzard_client::{Client, ClientConfig};
-use blizzard_metaserver::server::{self as meta, MetaConfig};
+use blizzard_metaserver::replica::{GroupConfig, Timing};
+use blizzard_metaserver::server::{self as meta, MetaConfig, MetaPlant};
 use blizzard_tractserver::{self as ts, TractServerConfig};
 
 use crate::ghost::deliver_late;
@@ -94,8 +105,14 @@ pub struct BlobSimConfig {
     pub tract_size: u32,
     /// Crash and restart tractservers during the run.
     pub crash_tractservers: bool,
-    /// Crash and restart the metadata server during the run.
+    /// Crash and restart the metadata server (each replica) during the run.
     pub restart_meta: bool,
+    /// Metadata replicas: 1 runs a single server keeping its state in
+    /// memory; 3 or 5 run a replicated group (`blizzard meta --peers`,
+    /// design 0007) on simulated disks, whose replicas crash (their disks
+    /// losing, keeping or tearing unsynced writes), sometimes a majority
+    /// of them at once for longer than the tractservers' lease.
+    pub meta_replicas: usize,
     /// Cut, cut one way and hold network links during the run.
     pub partitions: bool,
     /// Tractservers that join the running cluster (FDS §3.4), each at a
@@ -112,6 +129,8 @@ pub struct BlobSimConfig {
     pub full_disks: bool,
     /// A bug planted in every tractserver, to show the oracle catches it.
     pub planted_bug: blizzard_tractserver::PlantedBug,
+    /// A bug planted in every metadata replica.
+    pub meta_plant: MetaPlant,
     /// Hosts running a replicated volume (`volume_client`), crashed
     /// mid-write and restarted.
     pub volume_clients: usize,
@@ -136,12 +155,14 @@ impl Default for BlobSimConfig {
             tract_size: 16 << 10,
             crash_tractservers: true,
             restart_meta: true,
+            meta_replicas: 1,
             partitions: true,
             joining: 2,
             duplicates: 2,
             bit_flips: true,
             full_disks: true,
             planted_bug: blizzard_tractserver::PlantedBug::None,
+            meta_plant: MetaPlant::None,
             volume_clients: 1,
             volume_ops: 400,
             crash_volume_clients: true,
@@ -159,6 +180,8 @@ pub struct BlobSimReport {
     pub verified_reads: u64,
     pub tractserver_crashes: u32,
     pub meta_restarts: u32,
+    /// Times a majority of the metadata replicas was down at once.
+    pub meta_outages: u32,
     pub link_faults: u32,
     /// Most rows seen being re-replicated at once (0: no recovery ran).
     pub rows_refilled: u64,
@@ -191,7 +214,7 @@ pub struct BlobSimReport {
     pub simulated: Duration,
 }
 
-const META_ADDR: &str = "meta:7700";
+const META_PORT: u16 = 7700;
 /// How long faults last at most when there are no blob clients.
 const FAULTS_WITHOUT_CLIENTS_MAX: Duration = Duration::from_secs(600);
 const TS_DISK: u64 = 16 << 20;
@@ -202,6 +225,31 @@ fn ts_host(i: usize) -> String {
 
 fn disk_path(i: usize) -> String {
     format!("/sim/ts{i}.disk")
+}
+
+/// The metadata hosts: "meta" for a single server, "meta1".."metaN" for a
+/// group.
+fn meta_hosts(replicas: usize) -> Vec<String> {
+    if replicas <= 1 {
+        vec!["meta".to_string()]
+    } else {
+        (1..=replicas).map(|i| format!("meta{i}")).collect()
+    }
+}
+
+/// Every metadata host's address, as `--meta` takes them.
+fn meta_addrs(replicas: usize) -> String {
+    meta_hosts(replicas).iter().map(|h| format!("{h}:{META_PORT}")).collect::<Vec<_>>().join(",")
+}
+
+/// A group's peers: id to address, the same on every replica.
+fn meta_hosts_peers(replicas: usize) -> std::collections::BTreeMap<u64, String> {
+    meta_hosts(replicas).iter().enumerate().map(|(i, h)| (i as u64 + 1, format!("{h}:{META_PORT}"))).collect()
+}
+
+/// Where a group replica keeps its runtime log and snapshots.
+fn meta_dir(host: &str) -> String {
+    format!("/sim/{host}")
 }
 
 /// Runs one seed. `Err` carries what went wrong and how to replay it.
@@ -220,19 +268,27 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let verified = Arc::new(AtomicU64::new(0));
     let probe = Probe::default();
 
-    let meta_lives = Rc::new(RefCell::new(0u64));
-    {
-        let (disks, lives, tsn, repl, tract) =
-            (disks.clone(), meta_lives.clone(), cfg.tractservers, cfg.replication, cfg.tract_size);
-        sim.host("meta", move || {
+    let meta_hosts = meta_hosts(cfg.meta_replicas);
+    let meta_addr = meta_addrs(cfg.meta_replicas);
+    for (i, host) in meta_hosts.iter().enumerate() {
+        let (disks, lives, host) = (disks.clone(), Rc::new(RefCell::new(0u64)), host.clone());
+        let (tsn, repl, tract, replicas, plant) =
+            (cfg.tractservers, cfg.replication, cfg.tract_size, cfg.meta_replicas, cfg.meta_plant);
+        sim.host(host.clone(), move || {
             let life = {
                 let mut l = lives.borrow_mut();
                 *l += 1;
                 *l
             };
-            let env = sim_env_incarnation(seed, "meta", life, disks.clone());
+            let env = sim_env_incarnation(seed, &host, life, disks.clone());
+            let group = (replicas > 1).then(|| GroupConfig {
+                id: i as u64 + 1,
+                peers: meta_hosts_peers(replicas),
+                data_dir: meta_dir(&host).into(),
+                timing: Timing { heartbeat_ms: 50, election_min_ms: 150, election_max_ms: 300 },
+            });
             async move {
-                let mut c = MetaConfig::new("0.0.0.0:7700");
+                let mut c = MetaConfig::new(format!("0.0.0.0:{META_PORT}"));
                 c.tract_size = tract;
                 c.replication = repl;
                 c.init_tractservers = tsn;
@@ -240,6 +296,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 c.dead_after = Duration::from_secs(1);
                 c.rebuild_grace = Duration::from_secs(2);
                 c.request_timeout = Duration::from_secs(2);
+                c.group = group;
+                c.plant = plant;
                 let h = meta::start(env, c).await?;
                 h.wait().await;
                 Ok(())
@@ -249,6 +307,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let total = cfg.tractservers + cfg.joining;
     for i in 0..total {
         let (disks, lives, planted) = (disks.clone(), Rc::new(RefCell::new(0u64)), cfg.planted_bug);
+        let meta_addr = meta_addr.clone();
         // A joining server's first start waits until the cluster has run a
         // while (and is under load); restarts after a crash do not.
         let join_after = (i >= cfg.tractservers).then(|| {
@@ -263,11 +322,12 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             };
             let env = sim_env_incarnation(seed, &ts_host(i), life, disks.clone());
             let wait = join_after.filter(|_| life == 1);
+            let meta = meta_addr.clone();
             async move {
                 if let Some(w) = wait {
                     env.sleep(w).await;
                 }
-                let mut c = TractServerConfig::new(disk_path(i), "0.0.0.0:7000", META_ADDR);
+                let mut c = TractServerConfig::new(disk_path(i), "0.0.0.0:7000", meta);
                 c.disk_size = Some(TS_DISK);
                 c.failure_domain = format!("rack{}", i % 4);
                 c.heartbeat_interval = Duration::from_millis(100);
@@ -312,12 +372,15 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             };
             let vcfg = VolumeConfig {
                 name: format!("vol{c}"),
-                meta: META_ADDR.to_string(),
+                meta: meta_addr.clone(),
                 replication: cfg.replication,
                 mode,
                 depth: r.random_range(2..=6),
                 ops_max: cfg.volume_ops,
                 ends_faults: cfg.clients == 0,
+                // With a replicated metadata service (single-server seeds
+                // run as they did before leases).
+                lease: cfg.meta_replicas > 1,
             };
             VolumeShared::new(vcfg, r)
         })
@@ -398,17 +461,33 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let mut vol_reconciled: Vec<u64> = vec![0; cfg.volume_clients];
     let (mut vol_crashes, mut vol_crashes_in_flight) = (0u32, 0u32);
     let mut ts_down: Option<(usize, u64)> = None;
-    let mut meta_down: Option<u64> = None;
+    // Metadata hosts down, and the step each restarts at.
+    let mut meta_down: Vec<(String, u64)> = Vec::new();
     let mut full: Option<(usize, u64)> = None;
     let mut full_disks = 0u32;
     let (mut ts_crashes, mut meta_restarts, mut link_faults, mut bit_flips) = (0u32, 0u32, 0u32, 0u32);
+    let mut meta_outages = 0u32;
     // Where tract data lives on a disk: the first slots, which hold what
     // the clients wrote (slots are taken lowest first).
     let data = blizzard_tractserver::layout::Layout::plan(blizzard_core::TsId(0), cfg.tract_size, TS_DISK)
         .map(|l| l.data_offset..l.data_offset_of(6.min(l.slot_count), 0))
         .map_err(|e| format!("seed {seed}: disk layout: {e}"))?;
     let mut flips_due = cfg.bit_flips && cfg.replication >= 3;
-    let hosts: Vec<String> = std::iter::once("meta".to_string()).chain((0..total).map(ts_host)).collect();
+    let hosts: Vec<String> = meta_hosts.iter().cloned().chain((0..total).map(ts_host)).collect();
+    // A metadata host's crash: its software stops and, for a group
+    // replica, its runtime's files lose, keep or tear unsynced writes.
+    let crash_meta = |sim: &mut turmoil::Sim<'_>, host: &str, now: Duration, why: &str| {
+        sim.crash(host);
+        ghosts.crashed(host);
+        let mut report = crate::CrashReport::default();
+        let dir = format!("{}/", meta_dir(host));
+        for (path, d) in disks.disks() {
+            if path.starts_with(&dir) {
+                report.add(d.crash());
+            }
+        }
+        trace.event_at(now, "chaos", format!("crash {host}{why} {report:?}"));
+    };
     let clients: Vec<String> = (0..cfg.clients)
         .map(|c| format!("client{c}"))
         .chain((0..cfg.volume_clients).map(|c| format!("vol{c}")))
@@ -476,10 +555,10 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 ghosts.crashed(&ts_host(i));
                 trace.event_at(now, "chaos", format!("restart {} (faults over)", ts_host(i)));
             }
-            if meta_down.take().is_some() {
-                sim.bounce("meta");
-                ghosts.crashed("meta");
-                trace.event_at(now, "chaos", "restart meta (faults over)");
+            for (host, _) in meta_down.drain(..) {
+                sim.bounce(host.as_str());
+                ghosts.crashed(&host);
+                trace.event_at(now, "chaos", format!("restart {host} (faults over)"));
             }
             if let Some((i, _)) = full.take() {
                 disks.get(disk_path(i).as_ref()).inspect(|d| d.set_full(false));
@@ -650,21 +729,36 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             }
         }
         if cfg.restart_meta {
-            match meta_down {
-                None if chaos.random_ratio(1, 4000) => {
-                    sim.crash("meta");
-                    ghosts.crashed("meta");
-                    trace.event_at(now, "chaos", "crash meta");
-                    meta_down = Some(step + chaos.random_range(50..1000));
-                    meta_restarts += 1;
+            if meta_down.is_empty() && chaos.random_ratio(1, 4000) {
+                // (No draw for a single server: its seeds replay as before.)
+                let pick = if meta_hosts.len() > 1 { chaos.random_range(0..meta_hosts.len()) } else { 0 };
+                crash_meta(&mut sim, &meta_hosts[pick], now, "");
+                meta_down.push((meta_hosts[pick].clone(), step + chaos.random_range(50..1000)));
+                meta_restarts += 1;
+                // A majority of a group at once, one time in three, for
+                // longer than the tractservers' lease (two thirds of
+                // `dead_after`): every tractserver stops serving until a
+                // leader is back.
+                if meta_hosts.len() > 1 && chaos.random_ratio(1, 3) {
+                    let more = meta_hosts.len() / 2;
+                    let until = step + chaos.random_range(1000..4000);
+                    meta_down[0].1 = until;
+                    meta_outages += 1;
+                    let mut others: Vec<usize> = (0..meta_hosts.len()).filter(|i| *i != pick).collect();
+                    for _ in 0..more {
+                        let j = others.remove(chaos.random_range(0..others.len()));
+                        crash_meta(&mut sim, &meta_hosts[j], now, " (a majority down)");
+                        meta_down.push((meta_hosts[j].clone(), step + chaos.random_range(1000..4000)));
+                        meta_restarts += 1;
+                    }
                 }
-                Some(at) if step >= at => {
-                    sim.bounce("meta");
-                    ghosts.crashed("meta");
-                    trace.event_at(now, "chaos", "restart meta");
-                    meta_down = None;
-                }
-                _ => {}
+            }
+            let (due, rest): (Vec<_>, Vec<_>) = meta_down.drain(..).partition(|(_, at)| step >= *at);
+            meta_down = rest;
+            for (host, _) in due {
+                sim.bounce(host.as_str());
+                ghosts.crashed(&host);
+                trace.event_at(now, "chaos", format!("restart {host}"));
             }
         }
     }
@@ -676,6 +770,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         verified_reads: verified.load(Ordering::Relaxed),
         tractserver_crashes: ts_crashes,
         meta_restarts,
+        meta_outages,
         link_faults,
         rows_refilled: probe.rows_refilled.load(Ordering::Relaxed),
         rows_grown: probe.rows_grown.load(Ordering::Relaxed),
@@ -768,7 +863,7 @@ async fn client_workload(
     verified: Arc<AtomicU64>,
     probe: Probe,
 ) -> Result<(), BoxError> {
-    let mut cc = ClientConfig::new(META_ADDR);
+    let mut cc = ClientConfig::new(meta_addrs(cfg.meta_replicas));
     cc.request_timeout = Duration::from_secs(2);
     cc.attempts = 30;
     cc.backoff_max = Duration::from_millis(500);

@@ -63,6 +63,7 @@ use blizzard_crashcheck::checker::{check, Contract, LoggedOp, OpKind, Violation}
 use blizzard_crashcheck::tag::{fill, parse, Sector, SECTOR};
 use blizzard_env::Env;
 use blizzard_volume::io::{BlobIo, CacheReceipt, IoError};
+use blizzard_volume::lease::{Lease, Leased, Writer};
 use blizzard_volume::{
     manage, ClientBlobIo, CommitMode, ExposureLimits, FlushPolicy, PlantedBug, Volume, VolumeError,
     VolumeSpec,
@@ -99,6 +100,10 @@ pub struct VolumeConfig {
     pub ops_max: usize,
     /// Stop the faults when the workload is done (no blob clients do).
     pub ends_faults: bool,
+    /// Take the volume's lease (design 0007) on every create and open,
+    /// taking it over from the previous life: the claimed writer epoch is
+    /// then at least the lease's fencing token.
+    pub lease: bool,
 }
 
 impl VolumeConfig {
@@ -210,9 +215,30 @@ impl BlobIo for SimBlobIo {
     }
 }
 
+/// The blob under a volume: [`SimBlobIo`], behind the volume's lease if
+/// `writer` is given (as `manage::open_as` does), taken over from any
+/// holder (a restarted client takes its own volume back).
+async fn volume_io(
+    env: &Env,
+    client: &Client,
+    blob: Blob,
+    name: &str,
+    writer: Option<&Writer>,
+) -> Result<Arc<dyn BlobIo>, VolumeError> {
+    let io = SimBlobIo::io(blob);
+    let Some(w) = writer else { return Ok(io) };
+    let lease = Lease::acquire(env.clone(), client.clone(), manage::blob_id(name), name, w).await?;
+    Ok(Leased::new(io, lease))
+}
+
 /// `manage::create` over [`SimBlobIo`]: creates the blob named after the
 /// volume and formats it (deleting it again if formatting fails).
-async fn create_volume(env: Env, client: &Client, spec: &VolumeSpec) -> Result<Volume, VolumeError> {
+async fn create_volume(
+    env: Env,
+    client: &Client,
+    spec: &VolumeSpec,
+    writer: Option<&Writer>,
+) -> Result<Volume, VolumeError> {
     Volume::validate(spec, client.tract_size())?;
     let id = manage::blob_id(&spec.name);
     let blob = match client.create_blob(Some(id), spec.replication).await {
@@ -220,7 +246,8 @@ async fn create_volume(env: Env, client: &Client, spec: &VolumeSpec) -> Result<V
         Err(ClientError::BlobExists(_)) => return Err(VolumeError::Exists(spec.name.clone())),
         Err(e) => return Err(e.into()),
     };
-    match Volume::format(env, SimBlobIo::io(blob), spec).await {
+    let io = volume_io(&env, client, blob, &spec.name, writer).await?;
+    match Volume::format(env, io, spec).await {
         Ok(v) => Ok(v),
         Err(e) => {
             let _ = client.delete_blob(id).await;
@@ -230,9 +257,15 @@ async fn create_volume(env: Env, client: &Client, spec: &VolumeSpec) -> Result<V
 }
 
 /// `manage::open` over [`SimBlobIo`]: opens the volume, running its recovery.
-async fn open_volume(env: Env, client: &Client, name: &str) -> Result<Volume, VolumeError> {
+async fn open_volume(
+    env: Env,
+    client: &Client,
+    name: &str,
+    writer: Option<&Writer>,
+) -> Result<Volume, VolumeError> {
     let blob = client.open_blob(manage::blob_id(name)).await?;
-    Volume::open(env, SimBlobIo::io(blob), PlantedBug::None).await
+    let io = volume_io(&env, client, blob, name, writer).await?;
+    Volume::open(env, io, PlantedBug::None).await
 }
 
 /// Counters for the report.
@@ -697,12 +730,19 @@ impl Life {
     async fn open(&self, client: &Client, cfg: &VolumeConfig) -> Result<Arc<Volume>, BoxError> {
         self.shared.set_phase("opening");
         let spec = cfg.spec();
+        // A holder of its own per open: the previous open's lease (this
+        // life's, or a crashed life's) is taken over.
+        let writer = cfg.lease.then(|| Writer {
+            holder: format!("{}/{:08x}", self.host, self.env.random_u64() as u32),
+            ttl: blizzard_volume::lease::TTL,
+            take_over: true,
+        });
         let vol = self
             .retry("open", || async {
                 if self.shared.lock().created {
-                    return open_volume(self.env.clone(), client, &cfg.name).await;
+                    return open_volume(self.env.clone(), client, &cfg.name, writer.as_ref()).await;
                 }
-                match create_volume(self.env.clone(), client, &spec).await {
+                match create_volume(self.env.clone(), client, &spec, writer.as_ref()).await {
                     Ok(v) => {
                         self.shared.lock().created = true;
                         Ok(v)

@@ -4,6 +4,9 @@
 //!     blob-sim --seed 7 [--trace]        one seed; exit 1 on a violation
 //!     blob-sim --seeds 200 [--first 1]   seeds 1..=200, two at a time
 //!
+//! `--meta-replicas 3` runs the metadata service as a replicated group
+//! whose replicas crash, a majority of them at once some of the time.
+//!
 //! Each seed runs 2 blob clients (`--clients`) and, on replicated clusters,
 //! one volume client (`--volume-clients`) that is crashed mid-write and
 //! restarted; `--late ONE_IN` sets how many of a crashed volume client's
@@ -20,6 +23,7 @@
 
 use std::process::{Command, ExitCode};
 
+use blizzard_metaserver::server::MetaPlant;
 use blizzard_sim::{run_blob_sim, BlobSimConfig};
 
 struct Args {
@@ -33,7 +37,7 @@ struct Args {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence]"
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump]"
     );
     ExitCode::from(2)
 }
@@ -52,6 +56,7 @@ fn parse() -> Option<Args> {
             "--replication" => a.cfg.replication = u8::try_from(num()?).ok()?,
             "--tractservers" => a.cfg.tractservers = num()? as usize,
             "--joining" => a.cfg.joining = num()? as usize,
+            "--meta-replicas" => a.cfg.meta_replicas = num()? as usize,
             "--duplicates" => a.cfg.duplicates = u32::try_from(num()?).ok()?,
             "--clients" => a.cfg.clients = num()? as usize,
             "--volume-clients" => volume_clients = Some(num()? as usize),
@@ -62,6 +67,7 @@ fn parse() -> Option<Args> {
                 "skip-copy" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::SkipCopy,
                 "no-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoFence,
                 "no-writer-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoWriterFence,
+                "forget-row-bump" => a.cfg.meta_plant = MetaPlant::ForgetRowBump,
                 _ => return None,
             },
             "--no-full-disks" => a.cfg.full_disks = false,
@@ -94,6 +100,8 @@ fn config_flags(a: &Args) -> Vec<String> {
         a.cfg.tractservers.to_string(),
         "--joining".to_string(),
         a.cfg.joining.to_string(),
+        "--meta-replicas".to_string(),
+        a.cfg.meta_replicas.to_string(),
     ];
     if !a.cfg.crash_tractservers && !a.cfg.partitions {
         v.push("--no-crashes".into());
@@ -118,6 +126,9 @@ fn config_flags(a: &Args) -> Vec<String> {
             v.extend(["--plant".into(), "no-writer-fence".into()])
         }
     }
+    if a.cfg.meta_plant == MetaPlant::ForgetRowBump {
+        v.extend(["--plant".into(), "forget-row-bump".into()]);
+    }
     v
 }
 
@@ -137,12 +148,13 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
                     r.tractserver_crashes,
                     r.meta_restarts,
+                    r.meta_outages,
                     r.link_faults,
                     r.rows_refilled,
                     r.rows_grown,
@@ -180,7 +192,7 @@ fn main() -> ExitCode {
     let mut failed = Vec::new();
     let (mut acked, mut crashes, mut restarts, mut refilled, mut links, mut grown, mut dups, mut flips) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-    let (mut fulls, mut refused) = (0u64, 0u64);
+    let (mut fulls, mut refused, mut outages) = (0u64, 0u64, 0u64);
     // Volume clients: ops, crashes (with writes cut off), late requests
     // (refused by the writer fence), tracts reconciled, chunks repaired,
     // replica checks.
@@ -223,6 +235,7 @@ fn main() -> ExitCode {
                     acked += field("acknowledged_writes=");
                     crashes += field("tractserver_crashes=");
                     restarts += field("meta_restarts=");
+                    outages += field("meta_outages=");
                     refilled += field("rows_refilled=");
                     links += field("link_faults=");
                     grown += field("rows_grown=");
@@ -252,7 +265,7 @@ fn main() -> ExitCode {
     }
     let vol_summary: Vec<String> = VOL_FIELDS.iter().zip(vol).map(|(k, n)| format!("{k}{n}")).collect();
     println!(
-        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups} bit_flips={flips} full_disks={fulls} full_disk_writes={refused} {}",
+        "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} meta_outages={outages} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups} bit_flips={flips} full_disks={fulls} full_disk_writes={refused} {}",
         seeds.len(),
         failed.len(),
         vol_summary.join(" ")
