@@ -25,64 +25,20 @@ use rand::SeedableRng;
 
 use blizzard_client::{Client, ClientConfig};
 use blizzard_env::Env;
-use blizzard_replicated::node::status_of_member;
 
-use common::{free_port, meta_args, Proc, Shared};
+use common::{blizzard, free_port, nbd, spawn_meta, wait_leader, Proc, Shared};
 
 const TRACTSERVERS: usize = 6;
 const REPLICATION: u8 = 3;
-
-fn spawn_meta(dir: &Path, addrs: &[String], i: usize) -> Proc {
-    let peers: Vec<String> = addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
-    let mut args = meta_args(&addrs[i], REPLICATION, TRACTSERVERS, None);
-    args.extend([
-        "--id".to_string(),
-        (i + 1).to_string(),
-        "--peers".to_string(),
-        peers.join(","),
-        "--data".to_string(),
-        dir.join(format!("meta-{}", i + 1)).display().to_string(),
-    ]);
-    let name = format!("meta{}", i + 1);
-    Proc::spawn(&name, &args, dir.join(format!("{name}-{}.log", free_port())), addrs[i].clone())
-}
-
-async fn wait_leader(addrs: &[String], not: Option<usize>) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(l) = common::group_leader(addrs).await.filter(|l| Some(*l) != not) {
-            return l;
-        }
-        assert!(Instant::now() < deadline, "no metadata leader within 30 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_load_continues_while_each_metadata_leader_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
     let meta = addrs.join(",");
-    let mut metas: Vec<Proc> = (0..3).map(|i| spawn_meta(dir.path(), &addrs, i)).collect();
-    let mut ts = Vec::new();
-    for i in 0..TRACTSERVERS {
-        let disk = dir.path().join(format!("ts{i}.disk")).display().to_string();
-        let args: Vec<String> = [
-            "tractserver",
-            "--disk",
-            &disk,
-            "--create-size",
-            "256MiB",
-            "--meta",
-            &meta,
-            "--listen",
-            "127.0.0.1:0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        ts.push(Proc::spawn(&format!("ts{i}"), &args, dir.path().join(format!("ts{i}.log")), String::new()));
-    }
+    let mut metas: Vec<Proc> =
+        (0..3).map(|i| spawn_meta(dir.path(), &addrs, i, REPLICATION, TRACTSERVERS)).collect();
+    let mut ts = common::spawn_tractservers(dir.path(), &meta, TRACTSERVERS, "256MiB");
     let env = Env::real();
     let mut cfg = ClientConfig::new(meta.clone());
     cfg.connect_timeout = Duration::from_secs(60);
@@ -123,21 +79,10 @@ async fn the_load_continues_while_each_metadata_leader_is_killed() {
         shared.assert_no_failures(&format!("after killing meta{}", l + 1));
         let after = shared.ops();
         assert!(after.0 > before.0 && after.1 > before.1, "the load went on: {before:?} -> {after:?}");
-        metas[l] = spawn_meta(dir.path(), &addrs, l);
+        metas[l] = spawn_meta(dir.path(), &addrs, l, REPLICATION, TRACTSERVERS);
         killed.insert(l);
         // It catches up (its own log, then the leader's).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let s = status_of_member(&env, &addrs[l], Duration::from_millis(500)).await;
-            let lead = status_of_member(&env, &addrs[next], Duration::from_millis(500)).await;
-            if let (Ok(s), Ok(lead)) = (s, lead) {
-                if s.applied.is_some() && s.applied >= lead.committed.map(|c| c.saturating_sub(2)) {
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "meta{} did not catch up within 30 s", l + 1);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        common::wait_caught_up(&addrs, l, next).await;
     }
     common::stop_load(&shared, load).await;
     let longest = stall.await.unwrap();
@@ -153,33 +98,16 @@ async fn the_load_continues_while_each_metadata_leader_is_killed() {
     one_writer_per_volume(dir.path(), &meta);
 }
 
-/// Runs `blizzard ARGS` to completion: (success, stdout + stderr).
-fn blizzard(args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_blizzard")).args(args).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
-
-fn nbd(dir: &Path, meta: &str, name: &str, extra: &[&str]) -> Proc {
-    let socket = dir.join(format!("{name}.sock")).display().to_string();
-    let mut args: Vec<String> = ["nbd", "--meta", meta, "--socket", &socket, "--default-export", "v"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    Proc::spawn(name, &args, dir.join(format!("{name}.log")), socket)
-}
-
 fn one_writer_per_volume(dir: &Path, meta: &str) {
     let (ok, out) =
         blizzard(&["volume", "create", "v", "--size", "64MiB", "--replication", "3", "--meta", meta]);
     assert!(ok, "volume create: {out}");
-    let mut first = nbd(dir, meta, "nbd1", &[]);
+    let mut first = nbd(dir, meta, "nbd1", "v", &[]);
     first.wait_log("NBD export ", Duration::from_secs(30));
     let holder = format!(":{}/", first.pid().unwrap());
 
     // A second server for the same volume stops at once, naming the holder.
-    let mut second = nbd(dir, meta, "nbd2", &[]);
+    let mut second = nbd(dir, meta, "nbd2", "v", &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while second.running() {
         assert!(Instant::now() < deadline, "a second blizzard nbd kept running:\n{}", second.tail());
@@ -198,12 +126,12 @@ fn one_writer_per_volume(dir: &Path, meta: &str) {
     let (ok, out) = blizzard(&["volume", "info", "v", "--meta", meta]);
     assert!(ok && out.contains("held by") && out.contains(&holder), "volume info: {out}");
     // Read-only needs no lease.
-    let mut reader = nbd(dir, meta, "nbd3", &["--read-only"]);
+    let mut reader = nbd(dir, meta, "nbd3", "v", &["--read-only"]);
     reader.wait_log("NBD export ", Duration::from_secs(30));
 
     // The holder dies; an operator who knows it takes the volume over.
     first.kill();
-    let mut next = nbd(dir, meta, "nbd4", &["--take-over"]);
+    let mut next = nbd(dir, meta, "nbd4", "v", &["--take-over"]);
     next.wait_log("NBD export ", Duration::from_secs(30));
     let (ok, out) = blizzard(&["volume", "info", "v", "--meta", meta]);
     assert!(ok && out.contains(&format!(":{}/", next.pid().unwrap())), "volume info: {out}");

@@ -147,26 +147,6 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// The text without ANSI colour sequences (the servers' logs colour their
-/// fields even in a file).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters final-byte.
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// What the reopen's recovery reported (`logged` false: it logged
 /// nothing, as when no tract was marked).
 #[derive(Debug, Default)]
@@ -183,7 +163,7 @@ struct Recovery {
 impl Recovery {
     /// From the log of the process that opened the volume (once).
     fn from_log(log: &str) -> Recovery {
-        let log = strip_ansi(log);
+        let log = common::strip_ansi(log);
         let Some(line) = log.lines().find(|l| l.contains(RECONCILED)) else {
             return Recovery::default();
         };

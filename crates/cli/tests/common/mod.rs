@@ -1,16 +1,18 @@
 //! The harness shared by the real-process fault tests (`fault_recovery`,
-//! `partition`, `replica_agreement`): `blizzard` child processes (and
-//! third-party tools) with log files, a continuous verified load with a
-//! model of every acknowledged byte, and the checks run after a fault
-//! (recovery in the status, progress, every replica of every tract equal
-//! to the model).
+//! `partition`, `replica_agreement`, `meta_failover`, ...): `blizzard`
+//! child processes (and third-party tools) with log files, a continuous
+//! verified load with a model of every acknowledged byte, the checks run
+//! after a fault (recovery in the status, progress, every replica of every
+//! tract equal to the model), and the replicated metadata service's
+//! processes (replicas, their leader, tractservers and `blizzard nbd` on
+//! them).
 //!
 //! Each test includes it with `mod common;` and uses part of it.
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
 use std::fs::{self, File};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -97,6 +99,36 @@ impl Proc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Waits until it exits (reaping it) and returns how; fails the test
+    /// (with the log's tail) after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        let child = self.child.as_mut().unwrap_or_else(|| panic!("{} was killed by the test", self.name));
+        loop {
+            // `Child` keeps the status once reaped: asking again answers the same.
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if start.elapsed() >= timeout {
+                panic!("{} still runs after {timeout:?}; its log:\n{}", self.name, self.tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGINT (the shell's `kill`: no crate here sends signals), unless it
+    /// has exited already (a process not yet reaped keeps its pid, so the
+    /// signal cannot reach another); whether it was sent.
+    pub fn interrupt(&mut self) -> bool {
+        if !self.running() {
+            return false;
+        }
+        let pid = self.pid().unwrap();
+        let ok = Command::new("sh").args(["-c", &format!("kill -INT {pid}")]).status().unwrap().success();
+        assert!(ok || !self.running(), "kill -INT {pid} ({}) failed", self.name);
+        ok
     }
 
     /// Waits until the log holds `needle` and returns the log; fails the
@@ -702,4 +734,147 @@ pub async fn group_leader(addrs: &[String]) -> Option<usize> {
         }
     }
     None
+}
+
+/// Polls [`group_leader`] until a member other than `not` leads and
+/// returns its index; fails the test after 30 s.
+pub async fn wait_leader(addrs: &[String], not: Option<usize>) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(l) = group_leader(addrs).await.filter(|l| Some(*l) != not) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "no leader other than {not:?} within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until member `i` has applied what the leader `leader` has
+/// committed (less two entries: the leader goes on committing); fails the
+/// test after 30 s.
+pub async fn wait_caught_up(addrs: &[String], i: usize, leader: usize) {
+    let env = blizzard_env::Env::real();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let timeout = Duration::from_millis(500);
+        let s = blizzard_replicated::node::status_of_member(&env, &addrs[i], timeout).await;
+        let lead = blizzard_replicated::node::status_of_member(&env, &addrs[leader], timeout).await;
+        if let (Ok(s), Ok(lead)) = (s, lead) {
+            if s.applied.is_some() && s.applied >= lead.committed.map(|c| c.saturating_sub(2)) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "member {} ({}) did not catch up within 30 s", i + 1, addrs[i]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Replica `i` (id `i + 1`) of the metadata service at `addrs`, on
+/// [`meta_args`], its data in `dir/meta-ID` (so a restart finds its log).
+pub fn spawn_meta(dir: &Path, addrs: &[String], i: usize, replication: u8, tractservers: usize) -> Proc {
+    let peers: Vec<String> = addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
+    let mut args = meta_args(&addrs[i], replication, tractservers, None);
+    args.extend([
+        "--id".to_string(),
+        (i + 1).to_string(),
+        "--peers".to_string(),
+        peers.join(","),
+        "--data".to_string(),
+        dir.join(format!("meta-{}", i + 1)).display().to_string(),
+    ]);
+    let name = format!("meta{}", i + 1);
+    // A log per start: a restarted replica's does not overwrite the first.
+    Proc::spawn(&name, &args, dir.join(format!("{name}-{}.log", free_port())), addrs[i].clone())
+}
+
+/// `n` tractservers of the metadata service `meta`, each on a disk file
+/// of `disk_size` in `dir`, listening on ports of their choosing.
+pub fn spawn_tractservers(dir: &Path, meta: &str, n: usize, disk_size: &str) -> Vec<Proc> {
+    (0..n)
+        .map(|i| {
+            let disk = dir.join(format!("ts{i}.disk")).display().to_string();
+            let args: Vec<String> = [
+                "tractserver",
+                "--disk",
+                &disk,
+                "--create-size",
+                disk_size,
+                "--meta",
+                meta,
+                "--listen",
+                "127.0.0.1:0",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
+        })
+        .collect()
+}
+
+/// Runs `blizzard ARGS` to completion: (success, stdout + stderr).
+pub fn blizzard(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_blizzard")).args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// `blizzard nbd` serving `volume` as the default export on the unix
+/// socket `dir/NAME.sock` (its `addr`), with `extra` arguments; its log is
+/// `dir/NAME.log`. It opens the volume at start: a volume another process
+/// holds stops it at once.
+pub fn nbd(dir: &Path, meta: &str, name: &str, volume: &str, extra: &[&str]) -> Proc {
+    let socket = dir.join(format!("{name}.sock")).display().to_string();
+    let mut args: Vec<String> = ["nbd", "--meta", meta, "--socket", &socket, "--default-export", volume]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Proc::spawn(name, &args, dir.join(format!("{name}.log")), socket)
+}
+
+/// On a failing test, prints the last lines of every `*.log` in a
+/// directory (the children's logs) when dropped.
+pub struct DumpLogsOnPanic(pub PathBuf);
+
+impl Drop for DumpLogsOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let mut logs: Vec<PathBuf> = fs::read_dir(&self.0)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("===== last lines of {} =====", log.display());
+            eprintln!("{}", lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n"));
+        }
+    }
+}
+
+/// The text without ANSI colour sequences (the servers' logs colour their
+/// fields even in a file).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
