@@ -372,7 +372,17 @@ fn flip_byte(path: &std::path::Path, at: u64) -> std::io::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_byte_is_caught_and_served_from_another_replica() -> R {
     let dir = tempfile::tempdir()?;
-    let c = cluster(&dir, 8, 3, 32 << 20).await;
+    // Slow heartbeats: the test reads the damaged replicas' own disks at the
+    // end, so no tractserver may be declared dead (and its rows handed to
+    // others) when a loaded CI machine stalls one for half a second.
+    init_tracing();
+    let mut cfg = ClusterConfig::new(dir.path());
+    cfg.tractservers = 8;
+    cfg.replication = 3;
+    cfg.tract_size = TRACT;
+    cfg.disk_size = 32 << 20;
+    cfg.heartbeat_interval = Duration::from_secs(1);
+    let c = Cluster::start(Env::real(), cfg).await?;
     let client = c.client().await?;
     let b = client.create_blob(None, 3).await?;
     b.extend_to(1).await?;
@@ -415,7 +425,12 @@ async fn flipped_byte_is_caught_and_served_from_another_replica() -> R {
     let mut want = data.clone();
     for (k, at) in [(0usize, 5000usize), (1, 14000)] {
         let piece = pattern(90 + k as u64, 300);
+        let retries = client.stats().retries.load(std::sync::atomic::Ordering::Relaxed);
         b.write(0, at as u32 - 100, Bytes::from(piece.clone())).await?;
+        // On the first try: the two damaged replicas each heal from the
+        // other without asking each other in a loop (`scrub::Heals`;
+        // without it each write took two 10 s request timeouts).
+        assert_eq!(client.stats().retries.load(std::sync::atomic::Ordering::Relaxed), retries);
         want[at - 100..at + 200].copy_from_slice(&piece);
     }
     for i in damaged {

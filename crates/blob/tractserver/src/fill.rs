@@ -404,7 +404,11 @@ impl TractService {
             let read =
                 self.store.read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE).await;
             let (b, c) = match read {
-                Err(e @ StoreError::Corrupt { chunk, .. }) if heals < present.len() => {
+                // Not while this server heals the tract itself: the asker
+                // may be the peer it asked (`scrub::Heals`).
+                Err(e @ StoreError::Corrupt { chunk, .. })
+                    if heals < present.len() && !self.heals.healing(t.blob, t.tract) =>
+                {
                     heals += 1;
                     if self.heal_chunk(t.blob, inc, t.tract, chunk).await {
                         continue;

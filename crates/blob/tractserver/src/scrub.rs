@@ -69,6 +69,54 @@ pub struct ScrubStats {
     unrepairable: std::sync::Mutex<std::collections::HashSet<(BlobId, TractNo, u32)>>,
 }
 
+/// The tracts this server is healing a chunk of right now, each with how
+/// many heals of it are under way.
+///
+/// Invariant: a server never heals a tract for a peer's copy request
+/// while it heals that tract itself. Two replicas damaged in different
+/// chunks of one tract, both taking a partial write, would otherwise ask
+/// each other for the tract, each copy heal first asking the other
+/// again, until the requests time out (10 s each, seen as a 20 s write).
+/// With the guard a chain of heals visits each server once: a server
+/// already in the chain answers `Corrupt` and the asker tries the row's
+/// next member.
+#[derive(Default)]
+pub(crate) struct Heals(std::sync::Mutex<std::collections::HashMap<(BlobId, TractNo), u32>>);
+
+/// Holds one heal of a tract in [`Heals`] until dropped.
+pub(crate) struct HealGuard<'a> {
+    heals: &'a Heals,
+    key: (BlobId, TractNo),
+}
+
+impl Heals {
+    pub(crate) fn begin(&self, blob: BlobId, tract: TractNo) -> HealGuard<'_> {
+        *self.lock().entry((blob, tract)).or_default() += 1;
+        HealGuard { heals: self, key: (blob, tract) }
+    }
+
+    /// Whether a heal of the tract is under way here.
+    pub(crate) fn healing(&self, blob: BlobId, tract: TractNo) -> bool {
+        self.lock().contains_key(&(blob, tract))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(BlobId, TractNo), u32>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for HealGuard<'_> {
+    fn drop(&mut self) {
+        let mut m = self.heals.lock();
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
+}
+
 impl TractService {
     /// Scrubs forever at `scrub_bandwidth` bytes per second (0: off).
     pub async fn scrub_loop(self: Arc<Self>, mut shutdown: Shutdown) {
@@ -272,6 +320,7 @@ impl TractService {
         chunk: u32,
     ) -> bool {
         let Some((peers, req)) = self.copy_sources(blob, tract) else { return false };
+        let _healing = self.heals.begin(blob, tract);
         for peer in peers {
             let Some(got) = self.peer_chunk(peer, &req, inc, chunk).await else { continue };
             let data = got.unwrap_or_else(|| Bytes::from(vec![0u8; CHUNK_SIZE as usize]));

@@ -194,6 +194,8 @@ pub struct TractService {
     /// Bytes per second the scrubber re-reads (0: no scrubbing).
     pub scrub_bandwidth: u64,
     pub scrub: crate::scrub::ScrubStats,
+    /// Tracts a chunk of which is being healed here (`scrub::Heals`).
+    pub(crate) heals: crate::scrub::Heals,
     /// Random, new at every start: a client holding cached (unsynced)
     /// writes learns from a changed boot id that they may be gone.
     pub boot: u64,
@@ -274,6 +276,7 @@ impl TractService {
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
             scrub: Default::default(),
+            heals: Default::default(),
             fences: crate::fence::Fences::default(),
         }
     }
