@@ -962,7 +962,28 @@ fn ext4_sqlite_and_crash(mode: &str, crash_round: bool) {
     st.mount();
     compare_tree(&archive, &st.mnt.join("tree"), "after the crash");
     let k1 = check_db(&wal_db, wal_committed, "WAL database after the crash");
-    let k2 = check_db(&journal_db, journal_committed, "rollback-journal database after the crash");
+    // In rollback-journal mode a commit is the journal's unlink, made
+    // durable by a sync of the directory (synchronous=EXTRA). SQLite's
+    // unix VFS skips that sync, and still reports the commit, when it
+    // cannot open the directory (`unixDelete`: a failed
+    // `osOpenDirectory` is SQLITE_OK). After the kill ext4 goes
+    // read-only on the first I/O error of any workload, and on this
+    // kernel opening a directory of a read-only-after-error ext4 fails:
+    // a commit whose unlink came just before that is reported but not
+    // durable, and the next transaction fails to open its journal with
+    // SQLITE_CANTOPEN (14). Seen once in CI (43 reported, 42 present,
+    // then "unable to open database file (14)"). Only then may the last
+    // reported transaction be missing: the server never saw a flush for
+    // it.
+    let skipped_dir_sync = journal.stderr.contains("unable to open database file (14)");
+    let journal_durable = journal_committed - u64::from(skipped_dir_sync && journal_committed > 0);
+    let k2 = check_db(&journal_db, journal_durable, "rollback-journal database after the crash");
+    if skipped_dir_sync && k2 < journal_committed {
+        clock.say(format!(
+            "rollback-journal: transaction {journal_committed} was reported but its directory sync was \
+             skipped (SQLITE_CANTOPEN next): rolled back, as SQLite allows"
+        ));
+    }
     for i in 0..files_synced {
         let f = files_dir.join(format!("f{i}"));
         let got =

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_env::Env;
 use blizzard_volume::lease::Writer;
-use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, VolumeError, VolumeSpec};
+use blizzard_volume::{manage, CommitMode, ErrorKind, FlushPolicy, PlantedBug, VolumeError, VolumeSpec};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -321,6 +321,69 @@ async fn a_returning_tractserver_is_reconciled_before_a_read() -> R {
         let want = if column == 0 { 1u8 } else { 2u8 };
         assert_eq!(first[0], want, "column {column}: the row's first member is the source");
         drop(vol);
+        c.stop().await;
+    }
+    Ok(())
+}
+
+/// A cluster that runs out of space: every commit mode reports it as
+/// `NoSpace` and nothing hangs. Fast-ack and log commit acknowledge a
+/// write before it lands, so the refusal arrives later: the engine goes
+/// into its failed state and fails every later write, the durable flush
+/// and the close with it (they retried a full disk forever, so a durable
+/// flush, and the shutdown flush of `blizzard up`, never returned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cluster_fails_writes_and_flushes_in_every_mode() -> R {
+    let dir = tempfile::tempdir()?;
+    let env = Env::real();
+    for (i, mode) in [CommitMode::FastAck, CommitMode::Log, CommitMode::WriteThrough].into_iter().enumerate() {
+        // A cluster per mode: a volume that failed keeps its lease until
+        // its process ends (what it acknowledged must not pass to another
+        // writer), so it cannot be deleted to make room for the next.
+        let mut cfg = ClusterConfig::new(dir.path().join(i.to_string()));
+        cfg.tractservers = 4;
+        cfg.replication = 2;
+        cfg.tract_size = 64 << 10;
+        // A few dozen tracts each: far less than one volume.
+        cfg.disk_size = 4 << 20;
+        cfg.heartbeat_interval = Duration::from_millis(200);
+        let c = Cluster::start(env.clone(), cfg).await?;
+        let client = c.client().await?;
+        let mut s = spec("full", mode, FlushPolicy::Durable);
+        s.size_bytes = 64 << 20;
+        let v = manage::create(env.clone(), &client, &s).await?;
+        // A hang is the bug: bound every step.
+        let bound = Duration::from_secs(60);
+        let mut refused = None;
+        for n in 0..(s.size_bytes / (64 << 10)) {
+            let w = v.write(n * (64 << 10), Bytes::from(vec![n as u8 | 1; 64 << 10]), false);
+            if let Err(e) = tokio::time::timeout(bound, w).await.map_err(|_| format!("{mode:?}: a write hung"))? {
+                refused = Some(e);
+                break;
+            }
+        }
+        // Write-through refuses the write itself; the others may have
+        // acknowledged every write before the first refusal came back.
+        match &refused {
+            Some(e) => assert_eq!(e.kind(), ErrorKind::NoSpace, "{mode:?}: {e}"),
+            None => assert_ne!(mode, CommitMode::WriteThrough, "64 MiB fit on 16 MiB of disks"),
+        }
+        let flushed = tokio::time::timeout(bound, v.flush_durable()).await.map_err(|_| format!("{mode:?}: the durable flush hung"))?;
+        if mode == CommitMode::WriteThrough {
+            // Nothing acknowledged is outstanding: the flush succeeds.
+            flushed?;
+        } else {
+            let e = flushed.expect_err("a durable flush succeeded with writes that cannot land");
+            assert_eq!(e.kind(), ErrorKind::NoSpace, "{mode:?}: {e}");
+            // Every later write fails the same way, at once.
+            let again = tokio::time::timeout(bound, v.write(0, Bytes::from(vec![9u8; 4096]), false))
+                .await
+                .map_err(|_| format!("{mode:?}: a write after the failure hung"))?;
+            assert_eq!(again.map_err(|e| e.kind()), Err(ErrorKind::NoSpace), "{mode:?}");
+        }
+        // Close returns (with the error, for the engines that failed).
+        let closed = tokio::time::timeout(bound, v.close()).await.map_err(|_| format!("{mode:?}: close hung"))?;
+        assert_eq!(closed.is_err(), mode != CommitMode::WriteThrough, "{mode:?}: {closed:?}");
         c.stop().await;
     }
     Ok(())

@@ -84,6 +84,8 @@ pub enum NbdError {
     Bind { addr: String, source: std::io::Error },
     #[error("invalid NBD server configuration: {0}")]
     Config(String),
-    #[error("flushing volume {name:?} at shutdown: {source}")]
-    Flush { name: String, source: blizzard_volume::VolumeError },
+    /// `error`, not `source`: the message holds it, so an error chain
+    /// (`{:#}`) prints it once.
+    #[error("flushing volume {name:?} at shutdown: {error}")]
+    Flush { name: String, error: blizzard_volume::VolumeError },
 }

@@ -144,7 +144,7 @@ impl Server {
                 Ok(()) => debug!(volume = %name, "flushed at shutdown"),
                 Err(source) => {
                     warn!(volume = %name, error = %source, "flush at shutdown failed");
-                    first.get_or_insert(NbdError::Flush { name, source });
+                    first.get_or_insert(NbdError::Flush { name, error: source });
                 }
             }
         }

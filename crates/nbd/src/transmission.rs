@@ -25,8 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
-use blizzard_client::ClientError;
-use blizzard_volume::{AllocExtent, Allocation, IoError, Volume, VolumeError};
+use blizzard_volume::{AllocExtent, Allocation, ErrorKind, Volume, VolumeError};
 
 use crate::handshake::Negotiated;
 use crate::proto::*;
@@ -131,22 +130,17 @@ fn encode_reply(
     }
 }
 
-/// The NBD errno for a volume error.
+/// The NBD errno for a volume error, by its kind alone.
 fn errno_for(cmd: &Command, e: &VolumeError) -> u32 {
-    match e {
-        VolumeError::OutOfRange { .. } => match cmd {
-            Command::Write { .. } | Command::WriteZeroes { .. } => NBD_ENOSPC,
-            _ => NBD_EINVAL,
-        },
-        VolumeError::Invalid(_) | VolumeError::Unsupported(_) => NBD_EINVAL,
-        VolumeError::Io(IoError::Client(ClientError::DiskFull { .. })) => NBD_ENOSPC,
-        VolumeError::Io(_)
-        | VolumeError::Reconcile { .. }
-        | VolumeError::Fenced { .. }
-        | VolumeError::Held { .. }
-        | VolumeError::Superblock(_)
-        | VolumeError::NotFound(_)
-        | VolumeError::Exists(_) => NBD_EIO,
+    let write = matches!(cmd, Command::Write { .. } | Command::WriteZeroes { .. });
+    match e.kind() {
+        ErrorKind::NoSpace => NBD_ENOSPC,
+        // Past the end: ENOSPC for writes, EINVAL for the rest (the spec's
+        // "Error values").
+        ErrorKind::OutOfRange if write => NBD_ENOSPC,
+        ErrorKind::OutOfRange => NBD_EINVAL,
+        ErrorKind::Invalid => NBD_EINVAL,
+        ErrorKind::Fenced | ErrorKind::Corrupt | ErrorKind::Unavailable => NBD_EIO,
     }
 }
 
@@ -499,6 +493,29 @@ mod tests {
         let a = [ext(4096, Zero), ext(4096, Zero), ext(4096, Data)];
         assert_eq!(block_status_extents(&a, 12288, true), vec![(8192, HZ)]);
         assert_eq!(block_status_extents(&a, 5000, true), vec![(5000, HZ)]);
+    }
+
+    /// Errnos follow the error's kind: a full cluster is ENOSPC to a flush
+    /// as to a write (fast-ack reports it at the flush), past the end is
+    /// ENOSPC only for writes.
+    #[test]
+    fn errnos_follow_the_kind() {
+        use blizzard_client::ClientError;
+        use blizzard_volume::IoError;
+        let full = VolumeError::Io(IoError::Client(ClientError::DiskFull {
+            addr: "ts".into(),
+            message: "no free tract slot".into(),
+        }));
+        let write = Command::Write { offset: 0, len: 4096, fua: false };
+        let read = Command::Read { offset: 0, len: 4096 };
+        assert_eq!(errno_for(&write, &full), NBD_ENOSPC);
+        assert_eq!(errno_for(&Command::Flush, &full), NBD_ENOSPC);
+        let past = VolumeError::OutOfRange { offset: 1 << 30, len: 4096, size: 1 << 20 };
+        assert_eq!(errno_for(&write, &past), NBD_ENOSPC);
+        assert_eq!(errno_for(&read, &past), NBD_EINVAL);
+        assert_eq!(errno_for(&read, &VolumeError::Fenced { newest: 3 }), NBD_EIO);
+        let down = VolumeError::Io(IoError::Client(ClientError::Unavailable { attempts: 12, last: "x".into() }));
+        assert_eq!(errno_for(&read, &down), NBD_EIO);
     }
 
     /// No information still yields one truthful descriptor.

@@ -60,7 +60,7 @@ use crate::intent::{IntentGuard, IntentLog};
 use crate::io::{BlobIo, CacheReceipt};
 use crate::striping::Striping;
 use crate::superblock::ExposureLimits;
-use crate::{extent_io, PlantedBug, VolumeError};
+use crate::{extent_io, retry, PlantedBug, VolumeError};
 
 struct Op {
     seq: u64,
@@ -133,9 +133,13 @@ struct State {
     writing: u64,
     /// Writes issued so far in `issue_epoch`.
     issued_in_epoch: u64,
-    /// Another process claimed the volume (its writer epoch): nothing
-    /// this instance writes lands any more (`intent::claim`).
-    claimed_by: Option<u64>,
+    /// Set once a write this instance acknowledged can never land:
+    /// another process claimed the volume (`VolumeError::Fenced`,
+    /// `intent::claim`), or the blob store refused it for good (a full
+    /// disk: `retry::until_landed`). Every later write and flush fails
+    /// with it. The write stays in flight, so no later epoch is issued
+    /// and the blob keeps a prefix of the acknowledged writes.
+    failed: Option<VolumeError>,
 }
 
 pub struct FastAck {
@@ -154,11 +158,6 @@ pub struct FastAck {
     /// writer at once.
     room: Notify,
 }
-
-/// Pause between retries of a write the blob store refused: it was already
-/// acknowledged, so it is retried until it lands (the blob store itself
-/// retries through TLT changes first).
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Longest a written write waits for a sync when nothing asks for one
 /// (capped at a quarter of the volume's age limit).
@@ -224,8 +223,8 @@ impl FastAck {
             notified.as_mut().enable();
             let wait = {
                 let st = self.lock();
-                if let Some(newest) = st.claimed_by {
-                    return Err(VolumeError::Fenced { newest });
+                if let Some(e) = &st.failed {
+                    return Err(e.clone());
                 }
                 let now = self.env.now();
                 let age_max = Duration::from_millis(self.limits.age_ms_max as u64);
@@ -270,6 +269,9 @@ impl FastAck {
     pub async fn flush(self: &Arc<Self>, durable: bool) -> Result<(), VolumeError> {
         let (closed, issue) = {
             let mut st = self.lock();
+            if let Some(e) = &st.failed {
+                return Err(e.clone());
+            }
             let closed = st.curr_epoch;
             st.curr_epoch += 1;
             self.retire(&mut st);
@@ -292,22 +294,30 @@ impl FastAck {
                 if st.issue_epoch > closed {
                     return Ok(());
                 }
-                if let Some(newest) = st.claimed_by {
-                    return Err(VolumeError::Fenced { newest });
+                if let Some(e) = &st.failed {
+                    return Err(e.clone());
                 }
             }
             notified.await;
         }
     }
 
-    /// A write was refused because another process claimed the volume:
-    /// nothing more will land, so writers and flushers waiting on this
-    /// instance fail instead of waiting forever.
-    fn claimed(&self, newest: u64) {
-        self.lock().claimed_by.get_or_insert(newest);
+    /// A write can never land (another process claimed the volume, or a
+    /// permanent refusal): writers and flushers waiting on this instance
+    /// fail instead of waiting forever. The first failure is kept.
+    fn fail(&self, e: VolumeError) {
+        if e.kind() != crate::ErrorKind::Fenced {
+            tracing::error!(error = %e, "{}", crate::retry::FAILED);
+        }
+        let e = match e.fenced_by() {
+            Some(newest) => VolumeError::Fenced { newest },
+            None => e,
+        };
+        self.lock().failed.get_or_insert(e);
         self.changed.notify_waiters();
         self.room.notify_waiters();
     }
+
 
     /// Reads through the write cache.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
@@ -433,29 +443,25 @@ impl FastAck {
         for op in ops {
             let me = self.clone();
             tokio::spawn(async move {
-                if let Err(newest) = me.hold_intent(&op).await {
-                    me.claimed(newest);
+                if let Err(e) = me.hold_intent(&op).await {
+                    me.fail(e);
                     return;
                 }
-                let receipt = loop {
-                    let r = if op.durable {
-                        extent_io::write(&me.io, &me.striping, op.offset, &op.data)
-                            .await
-                            .map(|_| CacheReceipt::new())
+                let (m, o) = (&me, &op);
+                let written = retry::until_landed(&me.env, "acknowledged write", || async move {
+                    if o.durable {
+                        extent_io::write(&m.io, &m.striping, o.offset, &o.data).await.map(|_| CacheReceipt::new())
                     } else {
-                        extent_io::write_cached(&me.io, &me.striping, op.offset, &op.data).await
-                    };
-                    match r {
-                        Ok(r) => break r,
-                        Err(e) => {
-                            if let Some(newest) = e.fenced_by() {
-                                // Never lands: it stays in flight.
-                                me.claimed(newest);
-                                return;
-                            }
-                            tracing::warn!(offset = op.offset, error = %e, "acknowledged write failed; retrying");
-                            me.env.sleep(RETRY_PAUSE).await;
-                        }
+                        extent_io::write_cached(&m.io, &m.striping, o.offset, &o.data).await
+                    }
+                })
+                .await;
+                let receipt = match written {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Never lands: it stays in flight.
+                        me.fail(VolumeError::Io(e));
+                        return;
                     }
                 };
                 if receipt.is_empty() {
@@ -472,27 +478,16 @@ impl FastAck {
     /// Before a write goes out: its tracts' intent bits, durable, kept in
     /// its flight until it is durable (a write issued again after a failed
     /// sync still holds them). Retried like the write itself: it was
-    /// acknowledged.
-    /// `Err(newest)`: another process claimed the volume.
-    async fn hold_intent(&self, op: &Op) -> Result<(), u64> {
+    /// acknowledged. `Err`: it never will be (another process claimed the
+    /// volume, or a permanent refusal).
+    async fn hold_intent(&self, op: &Op) -> Result<(), VolumeError> {
         let Some(intent) = &self.intent else { return Ok(()) };
         let held = self.lock().inflight.get(&op.seq).is_none_or(|f| f.intent.is_some());
         if held {
             return Ok(());
         }
-        let tracts = self.striping.tracts(op.offset, op.data.len());
-        let guard = loop {
-            match intent.enter(&tracts).await {
-                Ok(g) => break g,
-                Err(e) => {
-                    if let Some(newest) = e.fenced_by() {
-                        return Err(newest);
-                    }
-                    tracing::warn!(offset = op.offset, error = %e, "cannot set the write's intent bits; retrying");
-                    self.env.sleep(RETRY_PAUSE).await;
-                }
-            }
-        };
+        let tracts = &self.striping.tracts(op.offset, op.data.len());
+        let guard = retry::until_landed(&self.env, "setting a write's intent bits", || intent.enter(tracts)).await?;
         if let Some(f) = self.lock().inflight.get_mut(&op.seq) {
             f.intent = Some(guard);
         }
@@ -574,7 +569,7 @@ impl FastAck {
                             // still in flight, so nothing newer overlapping
                             // them went out meanwhile.
                             tracing::warn!(writes = seqs.len(), error = %e, "sync of cached writes failed; writing them again");
-                            me.env.sleep(RETRY_PAUSE).await;
+                            me.env.sleep(retry::RETRY_PAUSE).await;
                             let (again, action) = {
                                 let mut st = me.lock();
                                 st.syncing = false;

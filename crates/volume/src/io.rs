@@ -13,9 +13,13 @@ pub use blizzard_client::CacheReceipt;
 use blizzard_client::{Blob, ClientError, ErrorCode};
 use blizzard_core::reconcile::Reconciled;
 
+use crate::ErrorKind;
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum IoError {
-    #[error("{0}")]
+    /// Transparent: its message is the client's, and an error chain
+    /// (`{:#}`) prints it once.
+    #[error(transparent)]
     Client(#[from] ClientError),
     /// Stored bytes failed their checksum (a chunk torn by power loss, or
     /// damaged since): what a tractserver reports as `Corrupt`. Used by
@@ -45,6 +49,37 @@ impl IoError {
             // `read_replicas` asks every replica; one reporting damage fails it.
             IoError::Client(ClientError::Rejected { reply, .. }) => reply.code == ErrorCode::Corrupt,
             _ => false,
+        }
+    }
+
+    /// What the failure means, coarsely: whether retrying can help, and
+    /// what a frontend reports.
+    pub fn kind(&self) -> ErrorKind {
+        if self.fenced_by().is_some() {
+            return ErrorKind::Fenced;
+        }
+        if self.is_corrupt() {
+            return ErrorKind::Corrupt;
+        }
+        match self {
+            IoError::Client(ClientError::DiskFull { .. }) => ErrorKind::NoSpace,
+            IoError::Client(
+                ClientError::NoSuchBlob(_)
+                | ClientError::BlobExists(_)
+                | ClientError::PastEnd { .. }
+                | ClientError::Invalid(_),
+            ) => ErrorKind::Invalid,
+            IoError::Client(ClientError::Rejected { reply, .. }) => match reply.code {
+                ErrorCode::BadFrame
+                | ErrorCode::UnknownOpcode
+                | ErrorCode::BadRequest
+                | ErrorCode::OutOfRange
+                | ErrorCode::NoSuchBlob
+                | ErrorCode::BlobExists
+                | ErrorCode::WrongCluster => ErrorKind::Invalid,
+                _ => ErrorKind::Unavailable,
+            },
+            _ => ErrorKind::Unavailable,
         }
     }
 

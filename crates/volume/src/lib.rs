@@ -15,6 +15,8 @@
 //!   roll-forward recovery.
 //! - `volume`: the [`Volume`] handle and the commit modes behind it.
 //! - `manage`: create, open, list, resize, delete volumes by name.
+//! - `retry`: retrying a write an engine already acknowledged, until it
+//!   lands or fails for good.
 
 pub mod cache;
 mod extent_io;
@@ -24,6 +26,7 @@ pub mod io;
 pub mod lease;
 pub mod log;
 pub mod manage;
+pub(crate) mod retry;
 pub mod striping;
 pub mod superblock;
 pub mod volume;
@@ -94,8 +97,10 @@ pub enum VolumeError {
     Invalid(String),
     #[error("{0}")]
     Superblock(#[from] SuperblockError),
+    /// Not a `source`: the message holds the blob store's, so an error
+    /// chain (`{:#}`) prints it once.
     #[error("blob store: {0}")]
-    Io(#[from] IoError),
+    Io(IoError),
     #[error("{0}")]
     Unsupported(String),
     #[error("could not make the replicas of tract {tract} agree after an unclean close: {source}; every replica must be reachable (bring its tractserver back, or wait until it is replaced), then open the volume again")]
@@ -116,7 +121,51 @@ fn fenced_message(newest: u64) -> String {
     format!("{who}; writes acknowledged here but not yet durable are lost to it: stop using the volume here")
 }
 
+/// What a failure means to whoever serves the volume, coarsely: the one
+/// thing a frontend matches on (NBD turns it into an errno), and what an
+/// engine asks before retrying a write it already acknowledged
+/// ([`retry::until_landed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A tractserver's disk is full: nothing lands until space is freed
+    /// or servers are added.
+    NoSpace,
+    /// The request lies past the end of the volume.
+    OutOfRange,
+    /// A request no retry mends (bad parameters, a blob that is gone).
+    Invalid,
+    /// Another process holds or claimed the volume: this one may not
+    /// change it.
+    Fenced,
+    /// Stored bytes failed their checksum on every replica asked.
+    Corrupt,
+    /// The blob store could not be reached or did not answer in time:
+    /// retrying later may work.
+    Unavailable,
+}
+
+impl ErrorKind {
+    /// Whether retrying cannot help: an engine that acknowledged a write
+    /// fails (and reports it) instead of retrying it forever.
+    pub fn is_permanent(self) -> bool {
+        !matches!(self, ErrorKind::Unavailable)
+    }
+}
+
 impl VolumeError {
+    /// What the error means, coarsely (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            VolumeError::OutOfRange { .. } => ErrorKind::OutOfRange,
+            VolumeError::Invalid(_) | VolumeError::Unsupported(_) | VolumeError::Exists(_) => {
+                ErrorKind::Invalid
+            }
+            VolumeError::NotFound(_) | VolumeError::Superblock(_) => ErrorKind::Invalid,
+            VolumeError::Fenced { .. } | VolumeError::Held { .. } => ErrorKind::Fenced,
+            VolumeError::Io(e) | VolumeError::Reconcile { source: e, .. } => e.kind(),
+        }
+    }
+
     /// Whether this is stored data failing its checksum (see
     /// [`IoError::is_corrupt`]).
     pub fn is_corrupt(&self) -> bool {
@@ -137,6 +186,12 @@ impl VolumeError {
             VolumeError::Io(e) | VolumeError::Reconcile { source: e, .. } => e.fenced_by(),
             _ => None,
         }
+    }
+}
+
+impl From<IoError> for VolumeError {
+    fn from(e: IoError) -> Self {
+        VolumeError::Io(e)
     }
 }
 

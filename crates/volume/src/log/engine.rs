@@ -16,7 +16,7 @@ use super::record::{decode_header, encode_header, BlockHeader, Checkpoint, Kind,
 use crate::cache::{Data, WriteCache};
 use crate::io::BlobIo;
 use crate::superblock::{ExposureLimits, LogExtent, LogGeometry, LOG_EXTENTS_MAX};
-use crate::{PlantedBug, VolumeError};
+use crate::{retry, PlantedBug, VolumeError};
 
 /// Where the log lives in the blob.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,9 +199,13 @@ struct State {
     /// some replicas, so this incarnation must not write under either
     /// geometry; reopening settles the superblock and picks one.
     fenced: Option<String>,
-    /// Another process claimed the volume (its writer epoch): every
-    /// change of this incarnation is refused (`intent::claim`).
-    claimed_by: Option<u64>,
+    /// Set once a record or checkpoint can never land: another process
+    /// claimed the volume (`VolumeError::Fenced`, `intent::claim`), or the
+    /// blob store refused it for good (a full disk:
+    /// `retry::until_landed`). Every later change and flush of this
+    /// incarnation fails with it; the record stays unapplied, so the map
+    /// never passes it.
+    failed: Option<VolumeError>,
 }
 
 pub struct LogEngine {
@@ -220,7 +224,6 @@ pub struct LogEngine {
 /// Checkpoint after this many applied writes (and whenever freed blocks
 /// pile up past half the slack).
 const CKPT_EVERY: u64 = 4096;
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
@@ -292,7 +295,7 @@ impl LogEngine {
             free_gen: 0,
             out_bytes: 0,
             fenced: None,
-            claimed_by: None,
+            failed: None,
         };
         let rolled = roll_forward(&io, &mut st, planted).await?;
         tracing::debug!(checkpoint = ckpt.seq, rolled, next_lsn = st.next_lsn, "log volume recovered");
@@ -328,8 +331,8 @@ impl LogEngine {
     }
 
     fn fenced(st: &State) -> Result<(), VolumeError> {
-        if let Some(newest) = st.claimed_by {
-            return Err(VolumeError::Fenced { newest });
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
         }
         match &st.fenced {
             None => Ok(()),
@@ -339,11 +342,18 @@ impl LogEngine {
         }
     }
 
-    /// A write or checkpoint was refused because another process claimed
-    /// the volume: nothing this incarnation writes can land any more, so
-    /// everything waiting on the log fails instead of waiting forever.
-    fn claimed(&self, newest: u64) {
-        self.lock().claimed_by.get_or_insert(newest);
+    /// A record or checkpoint can never land (another process claimed the
+    /// volume, or a permanent refusal): everything waiting on the log
+    /// fails instead of waiting forever. The first failure is kept.
+    fn fail(&self, e: VolumeError) {
+        if e.kind() != crate::ErrorKind::Fenced {
+            tracing::error!(error = %e, "{}", retry::FAILED);
+        }
+        let e = match e.fenced_by() {
+            Some(newest) => VolumeError::Fenced { newest },
+            None => e,
+        };
+        self.lock().failed.get_or_insert(e);
         self.changed.notify_waiters();
     }
 
@@ -495,19 +505,14 @@ impl LogEngine {
                 }
                 let at = if payload.is_empty() { off + geom.block_size as u32 } else { off };
                 let expanded = expanded.freeze();
-                loop {
-                    match me.io.write(tract, at, expanded.clone()).await {
-                        Ok(()) => break,
-                        Err(e) => {
-                            if let Some(newest) = e.fenced_by() {
-                                // Never lands: the record stays unapplied.
-                                me.claimed(newest);
-                                return;
-                            }
-                            tracing::warn!(lsn, error = %e, "log write failed; retrying");
-                            me.env.sleep(RETRY_PAUSE).await;
-                        }
-                    }
+                let io = &me.io;
+                let written =
+                    retry::until_landed(&me.env, "log write", || io.write(tract, at, expanded.clone())).await;
+                if let Err(e) = written {
+                    // Never lands: the record stays unapplied.
+                    tracing::debug!(lsn, "log record refused for good");
+                    me.fail(VolumeError::Io(e));
+                    return;
                 }
                 me.complete(lsn);
             });
@@ -711,20 +716,12 @@ impl LogEngine {
             };
             (c, st.geom.clone())
         };
-        let written = loop {
-            match write_checkpoint(&self.io, &geom, &c).await {
-                Ok(()) => break Ok(()),
-                Err(e) => {
-                    if let Some(newest) = e.fenced_by() {
-                        self.lock().quiescing = false;
-                        self.claimed(newest);
-                        return Err(VolumeError::Fenced { newest });
-                    }
-                    tracing::warn!(error = %e, "checkpoint write failed; retrying");
-                    self.env.sleep(RETRY_PAUSE).await;
-                }
-            }
-        };
+        let (io, geom, c) = (&self.io, &geom, &c);
+        if let Err(e) = retry::until_landed(&self.env, "checkpoint write", || write_checkpoint(io, geom, c)).await {
+            self.lock().quiescing = false;
+            self.fail(e);
+            return Self::fenced(&self.lock());
+        }
         {
             let mut st = self.lock();
             st.ckpt_seq = c.seq;
@@ -740,7 +737,7 @@ impl LogEngine {
             st.quiescing = false;
         }
         self.changed.notify_waiters();
-        written
+        Ok(())
     }
 
     /// Grows the log to `new` (from [`LogGeom::grow`]); `commit` writes
