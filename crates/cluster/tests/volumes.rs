@@ -336,7 +336,8 @@ async fn a_returning_tractserver_is_reconciled_before_a_read() -> R {
 async fn a_full_cluster_fails_writes_and_flushes_in_every_mode() -> R {
     let dir = tempfile::tempdir()?;
     let env = Env::real();
-    for (i, mode) in [CommitMode::FastAck, CommitMode::Log, CommitMode::WriteThrough].into_iter().enumerate() {
+    for (i, mode) in [CommitMode::FastAck, CommitMode::Log, CommitMode::WriteThrough].into_iter().enumerate()
+    {
         // A cluster per mode: a volume that failed keeps its lease until
         // its process ends (what it acknowledged must not pass to another
         // writer), so it cannot be deleted to make room for the next.
@@ -357,7 +358,7 @@ async fn a_full_cluster_fails_writes_and_flushes_in_every_mode() -> R {
         let mut refused = None;
         for n in 0..(s.size_bytes / (64 << 10)) {
             let w = v.write(n * (64 << 10), Bytes::from(vec![n as u8 | 1; 64 << 10]), false);
-            if let Err(e) = tokio::time::timeout(bound, w).await.map_err(|_| format!("{mode:?}: a write hung"))? {
+            if let Err(e) = env.timeout(bound, w).await.map_err(|_| format!("{mode:?}: a write hung"))? {
                 refused = Some(e);
                 break;
             }
@@ -368,7 +369,10 @@ async fn a_full_cluster_fails_writes_and_flushes_in_every_mode() -> R {
             Some(e) => assert_eq!(e.kind(), ErrorKind::NoSpace, "{mode:?}: {e}"),
             None => assert_ne!(mode, CommitMode::WriteThrough, "64 MiB fit on 16 MiB of disks"),
         }
-        let flushed = tokio::time::timeout(bound, v.flush_durable()).await.map_err(|_| format!("{mode:?}: the durable flush hung"))?;
+        let flushed = env
+            .timeout(bound, v.flush_durable())
+            .await
+            .map_err(|_| format!("{mode:?}: the durable flush hung"))?;
         if mode == CommitMode::WriteThrough {
             // Nothing acknowledged is outstanding: the flush succeeds.
             flushed?;
@@ -376,13 +380,14 @@ async fn a_full_cluster_fails_writes_and_flushes_in_every_mode() -> R {
             let e = flushed.expect_err("a durable flush succeeded with writes that cannot land");
             assert_eq!(e.kind(), ErrorKind::NoSpace, "{mode:?}: {e}");
             // Every later write fails the same way, at once.
-            let again = tokio::time::timeout(bound, v.write(0, Bytes::from(vec![9u8; 4096]), false))
+            let again = env
+                .timeout(bound, v.write(0, Bytes::from(vec![9u8; 4096]), false))
                 .await
                 .map_err(|_| format!("{mode:?}: a write after the failure hung"))?;
             assert_eq!(again.map_err(|e| e.kind()), Err(ErrorKind::NoSpace), "{mode:?}");
         }
         // Close returns (with the error, for the engines that failed).
-        let closed = tokio::time::timeout(bound, v.close()).await.map_err(|_| format!("{mode:?}: close hung"))?;
+        let closed = env.timeout(bound, v.close()).await.map_err(|_| format!("{mode:?}: close hung"))?;
         assert_eq!(closed.is_err(), mode != CommitMode::WriteThrough, "{mode:?}: {closed:?}");
         c.stop().await;
     }

@@ -281,7 +281,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 // defaults (minimum 1, maximum 2^25), so a client that did
                 // not ask loses nothing, and one that did learns the
                 // preferred size.
-                let bs = encode_info_block_size(BLOCK_SIZE_MIN, preferred_block_size(&volume), PAYLOAD_MAX);
+                let bs =
+                    encode_info_block_size(BLOCK_SIZE_MIN, preferred_block_size(&volume), PAYLOAD_ADVERTISED);
                 self.reply(code, NBD_REP_INFO, &bs).await?;
                 self.reply(code, NBD_REP_ACK, &[]).await?;
                 if code == NBD_OPT_GO {

@@ -149,9 +149,13 @@ pub const STRING_LEN_MAX: usize = 4096;
 /// SET/LIST_META_CONTEXT with a few 4096-byte strings; anything beyond is
 /// answered with `NBD_REP_ERR_TOO_BIG` and a hard disconnect.
 pub const OPTION_LEN_MAX: u32 = 64 << 10;
-/// Largest READ or WRITE payload: the spec's 2^25, which a client may use
-/// without asking; a larger WRITE is treated as a denial of service.
-pub const PAYLOAD_MAX: u32 = 32 << 20;
+/// Largest READ or WRITE payload advertised (`NBD_INFO_BLOCK_SIZE`'s
+/// maximum): the spec's 2^25, which a client may use without asking.
+pub const PAYLOAD_ADVERTISED: u32 = 32 << 20;
+/// Largest READ or WRITE payload served: twice the advertised maximum, as
+/// nbdkit does, because some clients ignore block-size constraints (reads
+/// of 40 MiB were seen). A larger WRITE is treated as a denial of service.
+pub const PAYLOAD_MAX: u32 = 64 << 20;
 /// Advertised size constraints (`NBD_INFO_BLOCK_SIZE`): byte-granular I/O
 /// works (the volume read-modify-writes partial blocks).
 pub const BLOCK_SIZE_MIN: u32 = 1;
@@ -169,7 +173,8 @@ pub const CHUNK_HEADER_LEN: usize = 20;
 pub const EXPORT_NAME_REPLY_ZEROES: usize = 124;
 
 const _: () = assert!(OPTION_LEN_MAX as usize >= 4 * STRING_LEN_MAX);
-const _: () = assert!(PAYLOAD_MAX >= 1 << 25, "the spec says 2^25 must never be deemed a DoS");
+const _: () = assert!(PAYLOAD_ADVERTISED >= 1 << 25, "the spec says 2^25 must never be deemed a DoS");
+const _: () = assert!(PAYLOAD_MAX >= PAYLOAD_ADVERTISED);
 
 // ---------------------------------------------------------------------------
 // Errors.
@@ -1026,6 +1031,16 @@ mod tests {
         );
         // Oversized reads.
         let big = Session { size: 1 << 40, ..s };
+        // Past the advertised maximum but within the served one: served
+        // (a 40 MiB read from a client that ignores block sizes).
+        assert_eq!(
+            check_request(&req(NBD_CMD_READ, 0, 0, 40 << 20), &big).unwrap(),
+            Command::Read { offset: 0, len: 40 << 20 }
+        );
+        assert_eq!(
+            check_request(&req(NBD_CMD_WRITE, 0, 0, 40 << 20), &big).unwrap(),
+            Command::Write { offset: 0, len: 40 << 20, fua: false }
+        );
         let e = check_request(&req(NBD_CMD_READ, 0, 0, PAYLOAD_MAX + 1), &big).unwrap_err();
         assert_eq!((e.errno, e.disconnect), (NBD_EOVERFLOW, false));
         let big_simple = Session { structured: false, ..big };

@@ -514,7 +514,8 @@ mod tests {
         assert_eq!(errno_for(&write, &past), NBD_ENOSPC);
         assert_eq!(errno_for(&read, &past), NBD_EINVAL);
         assert_eq!(errno_for(&read, &VolumeError::Fenced { newest: 3 }), NBD_EIO);
-        let down = VolumeError::Io(IoError::Client(ClientError::Unavailable { attempts: 12, last: "x".into() }));
+        let down =
+            VolumeError::Io(IoError::Client(ClientError::Unavailable { attempts: 12, last: "x".into() }));
         assert_eq!(errno_for(&read, &down), NBD_EIO);
     }
 

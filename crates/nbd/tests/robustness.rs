@@ -209,7 +209,7 @@ async fn transmission_violations() -> R {
     // Oversized WRITE: an error, then the server hangs up (it will not
     // read 64 MiB it would throw away).
     let mut c = Nbd::connect(&fx.addr, "disk", FULL).await;
-    c.send(NBD_CMD_WRITE, 0, 0, 64 << 20, &[]).await;
+    c.send(NBD_CMD_WRITE, 0, 0, PAYLOAD_MAX + 1, &[]).await;
     c.flush_socket().await;
     let (_, r) = c.recv().await;
     assert_eq!(r.errno, NBD_EINVAL);

@@ -8,7 +8,7 @@
 
 mod common;
 
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 
 use blizzard_nbd::proto::*;
 use blizzard_nbd::NbdConfig;
@@ -45,7 +45,7 @@ async fn pipelined_io_matches_model() -> R {
             | NBD_FLAG_SEND_FAST_ZERO;
         assert_eq!(c.flags, want);
         let (min, pref, max) = c.block_size.unwrap();
-        assert_eq!((min, pref, max), (1, 4096, PAYLOAD_MAX));
+        assert_eq!((min, pref, max), (1, 4096, PAYLOAD_ADVERTISED));
         workload(&mut c, i as u64, 12).await;
         c.disconnect().await;
     }
@@ -303,6 +303,28 @@ async fn listing_and_info() -> R {
     tokio::io::AsyncReadExt::read_exact(&mut s, &mut h).await.unwrap();
     let ReplyHeader::Chunk { reply_type, cookie, .. } = decode_reply_header(&h).unwrap() else { panic!() };
     assert_eq!((reply_type, cookie), (NBD_REPLY_TYPE_ERROR, 5));
+    fx.stop().await;
+    Ok(())
+}
+
+/// A request past the advertised 32 MiB maximum but within the served
+/// 64 MiB one (some clients ignore block-size constraints: reads of 40 MiB
+/// were seen) is served whole, write and read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_advertised_maximum_are_served() -> R {
+    let vols = [spec("big", 48 << 20, CommitMode::WriteThrough, FlushPolicy::Durable)];
+    let fx = start(&vols, NbdConfig::default()).await;
+    let mut c = Nbd::connect(&fx.addr, "big", FULL).await;
+    let (_, _, max) = c.block_size.unwrap();
+    assert_eq!(max, PAYLOAD_ADVERTISED);
+    let len = 40u32 << 20;
+    assert!(len > max && len <= PAYLOAD_MAX);
+    let mut data = vec![0u8; len as usize];
+    rand::rngs::SmallRng::seed_from_u64(40).fill_bytes(&mut data);
+    c.write(4096, &data).await;
+    c.flush().await;
+    assert!(c.read(4096, len).await == data, "the 40 MiB read differs from the 40 MiB write");
+    c.disconnect().await;
     fx.stop().await;
     Ok(())
 }

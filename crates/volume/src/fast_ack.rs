@@ -318,7 +318,6 @@ impl FastAck {
         self.room.notify_waiters();
     }
 
-
     /// Reads through the write cache.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
         // Snapshot first: a write durable while the blob read is under way
@@ -450,7 +449,9 @@ impl FastAck {
                 let (m, o) = (&me, &op);
                 let written = retry::until_landed(&me.env, "acknowledged write", || async move {
                     if o.durable {
-                        extent_io::write(&m.io, &m.striping, o.offset, &o.data).await.map(|_| CacheReceipt::new())
+                        extent_io::write(&m.io, &m.striping, o.offset, &o.data)
+                            .await
+                            .map(|_| CacheReceipt::new())
                     } else {
                         extent_io::write_cached(&m.io, &m.striping, o.offset, &o.data).await
                     }
@@ -487,7 +488,8 @@ impl FastAck {
             return Ok(());
         }
         let tracts = &self.striping.tracts(op.offset, op.data.len());
-        let guard = retry::until_landed(&self.env, "setting a write's intent bits", || intent.enter(tracts)).await?;
+        let guard =
+            retry::until_landed(&self.env, "setting a write's intent bits", || intent.enter(tracts)).await?;
         if let Some(f) = self.lock().inflight.get_mut(&op.seq) {
             f.intent = Some(guard);
         }

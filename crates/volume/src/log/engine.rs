@@ -717,7 +717,9 @@ impl LogEngine {
             (c, st.geom.clone())
         };
         let (io, geom, c) = (&self.io, &geom, &c);
-        if let Err(e) = retry::until_landed(&self.env, "checkpoint write", || write_checkpoint(io, geom, c)).await {
+        if let Err(e) =
+            retry::until_landed(&self.env, "checkpoint write", || write_checkpoint(io, geom, c)).await
+        {
             self.lock().quiescing = false;
             self.fail(e);
             return Self::fenced(&self.lock());
