@@ -41,7 +41,8 @@ use blizzard_proto::{
 };
 use blizzard_rpc::Shutdown;
 
-use crate::service::{decode_meta, store_err, TractService};
+use crate::blob_meta::decode_meta;
+use crate::service::{store_err, TractService};
 use crate::store::{Durability, StoreError};
 
 /// Tracts one newcomer copies at once, over all the rows it fills. Each

@@ -7,15 +7,18 @@
 //!
 //! Modules, bottom up: `layout` (the disk format), `commit` (group commit),
 //! `store` (tracts in slots, recovery, digests), `fence` (the newest writer
-//! epoch per blob), `service` (the request handlers and the TLT row checks), `fill` (copying rows this server joined to replace
-//! a dead member), `scrub` (re-reading chunks and repairing rot from other
+//! epoch per blob), `rows` (which rows it serves at which version, and its
+//! lease and fence: pure checks), `service` (the request handlers), `fill`
+//! (copying rows this server joined to replace a dead member), `scrub` (re-reading chunks and repairing rot from other
 //! replicas), `metrics` (the Prometheus view), `server` (start-up,
 //! heartbeats, the entry point).
 
+pub(crate) mod blob_meta;
 pub mod fence;
 pub mod fill;
 pub mod layout;
 pub mod metrics;
+pub mod rows;
 pub mod scrub;
 pub mod server;
 pub mod service;

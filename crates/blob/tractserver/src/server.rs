@@ -15,6 +15,7 @@ use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Repl
 use blizzard_rpc::{serve, MetaService, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
 use crate::layout::LayoutError;
+use crate::rows::{Standing, Turn};
 use crate::service::{InjectedDisk, RowIndex, TractService};
 use crate::store::{Store, StoreError};
 
@@ -149,7 +150,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     service.fills.update(me, &assignment);
     // Nothing is served before the metadata server has answered a
     // heartbeat: this server may have been declared dead while it was down.
-    service.lease_until = std::sync::Mutex::new(Some(env.now()));
+    service.update_standing(|s| *s = Standing::awaiting(env.now()));
     service.request_timeout = cfg.request_timeout;
     service.io_delay = cfg.io_delay;
     service.set_io_bandwidth(cfg.io_bandwidth);
@@ -274,23 +275,16 @@ async fn heartbeat_loop(
                 }
                 interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
                 send_assignment = r.send_assignment;
-                // The fence goes up before the lease is renewed: a server
-                // declared dead must not serve its old rows even for the
-                // instant in between. It comes down on a reply that says
-                // continue from a metadata server that serves a table
-                // (not one rebuilding it, which asks for assignments and
-                // cannot judge them yet): it sends that only once this
-                // server's stored assignment is current.
-                let fence = r.action == HeartbeatAction::StopServing;
-                if fence && !service.fenced.swap(true, Ordering::AcqRel) {
-                    tracing::error!("the metadata server says this tractserver's rows are stale or given away; refusing requests until it sends the current assignment");
-                }
-                *service.lease_until.lock().unwrap_or_else(|p| p.into_inner()) =
-                    (r.lease_ms > 0).then(|| sent + Duration::from_millis(r.lease_ms as u64));
-                if !fence && !r.send_assignment && service.fenced.swap(false, Ordering::AcqRel) {
-                    tracing::info!(
+                // A metadata server that serves a table says continue only
+                // once this server's stored assignment is current (one
+                // rebuilding its table asks for assignments instead).
+                let stop = r.action == HeartbeatAction::StopServing;
+                match service.update_standing(|s| s.answered(sent, r.lease_ms, stop, r.send_assignment)) {
+                    Turn::Fenced => tracing::error!("the metadata server says this tractserver's rows are stale or given away; refusing requests until it sends the current assignment"),
+                    Turn::Unfenced => tracing::info!(
                         "the metadata server says this tractserver's assignment is current; serving again"
-                    );
+                    ),
+                    Turn::Unchanged => {}
                 }
             }
             Ok(_) => tracing::warn!("unexpected heartbeat reply"),

@@ -24,124 +24,16 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use blizzard_core::tlt::locator;
-use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
+use blizzard_core::{BlobId, TractNo, TsId};
 use blizzard_env::Env;
-use blizzard_proto::codec::{decode, encode};
-use blizzard_proto::{
-    Assignment, BlobMeta, ErrorCode, ErrorReply, ExtendMode, Opcode, Reply, Request, TractAddr,
-};
+use blizzard_proto::codec::encode;
+use blizzard_proto::{Assignment, BlobMeta, ErrorCode, ErrorReply, Reply, Request, TractAddr};
 use blizzard_rpc::{Caller, RpcConn, RpcError, Service};
 
+use crate::blob_meta::{self, decode_meta, encode_meta, BlobMetas, MetaOp, Planned};
+use crate::rows::{check_data_tract, Standing, Turn};
+pub use crate::rows::{RowIndex, BLOB_TRACTS_MAX};
 use crate::store::{Durability, Store, StoreError};
-
-/// Largest blob size in tracts (keeps tract numbers far from overflow).
-pub const BLOB_TRACTS_MAX: u64 = 1 << 40;
-
-/// The rows this tractserver holds, indexed for the per-request check.
-#[derive(Clone, Debug, Default)]
-pub struct RowIndex {
-    pub assignment: Assignment,
-    rows: HashMap<u32, HeldRow>,
-}
-
-/// One row this server holds, as a member or as a pending member.
-#[derive(Clone, Debug)]
-struct HeldRow {
-    version: u64,
-    /// This server is the row's primary (column 0; never a pending member).
-    primary: bool,
-    members: Vec<TsId>,
-    filling: Vec<TsId>,
-    /// Every server holding the row: its members, then its pending
-    /// members. Blob metadata changes reach all of them.
-    holders: Vec<TsId>,
-}
-
-impl RowIndex {
-    pub fn new(me: TsId, assignment: Assignment) -> RowIndex {
-        let rows = assignment
-            .rows
-            .iter()
-            .filter_map(|r| {
-                let col = r.members.iter().position(|m| *m == me);
-                if col.is_none() && !r.pending.iter().any(|p| p.id == me) {
-                    return None;
-                }
-                let holders = r.members.iter().copied().chain(r.pending.iter().map(|p| p.id)).collect();
-                Some((
-                    r.row,
-                    HeldRow {
-                        version: r.version,
-                        primary: col == Some(0),
-                        members: r.members.clone(),
-                        filling: r.filling.clone(),
-                        holders,
-                    },
-                ))
-            })
-            .collect();
-        RowIndex { assignment, rows }
-    }
-
-    /// Whether this server lists the blobs whose metadata maps to `row`:
-    /// it is the row's first complete member (a filling member counts once
-    /// it has copied the whole row, `self_complete`), so every blob is
-    /// listed by at least one server while a newcomer copies the row.
-    fn lists_row(&self, me: TsId, row: u32, self_complete: bool) -> bool {
-        let Some(h) = self.rows.get(&row) else { return false };
-        let first = h.members.iter().find(|m| !h.filling.contains(m) || (**m == me && self_complete));
-        first == Some(&me)
-    }
-
-    /// Checks that this server holds `row` at `version`; returns the row's
-    /// members still copying it.
-    fn check_row(&self, row: u32, version: u64) -> Result<&[TsId], ErrorReply> {
-        match self.rows.get(&row) {
-            Some(h) if h.version == version => Ok(&h.filling),
-            Some(h) => Err(ErrorReply {
-                code: ErrorCode::StaleVersion,
-                current_version: h.version,
-                message: format!("row {row} is at version {}, request used {version}", h.version),
-            }),
-            None => Err(ErrorReply::new(ErrorCode::NotOwner, format!("row {row} is not served here"))),
-        }
-    }
-
-    /// Checks that `tract` of `blob` maps to a row this server holds at
-    /// `version`; returns whether this server is the row's primary, and
-    /// every server holding the row.
-    fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(bool, &[TsId]), ErrorReply> {
-        let len = self.assignment.tlt_len as usize;
-        if len == 0 {
-            return Err(ErrorReply::new(ErrorCode::NotReady, "this tractserver has no TLT assignment yet"));
-        }
-        let row = locator(blob, tract, len) as u32;
-        let Some(h) = self.rows.get(&row) else {
-            return Err(ErrorReply {
-                code: ErrorCode::NotOwner,
-                current_version: 0,
-                message: format!("row {row} is not served here; refresh the TLT"),
-            });
-        };
-        if h.version != version {
-            return Err(ErrorReply {
-                code: ErrorCode::StaleVersion,
-                current_version: h.version,
-                message: format!(
-                    "row {row} is at version {}, request used {version}; refresh the TLT",
-                    h.version
-                ),
-            });
-        }
-        Ok((h.primary, &h.holders))
-    }
-}
-
-/// A prepared, not yet committed, metadata change on a replica.
-struct Prepared {
-    txn: u64,
-    new: Option<BlobMeta>,
-}
 
 /// The booking state of the injected disk (see `injected_delay`).
 #[derive(Default)]
@@ -167,25 +59,15 @@ pub struct TractService {
     /// every disk (`set_io_bandwidth`) without restarting the servers.
     io_bandwidth: AtomicU64,
     pub io_disk: Mutex<InjectedDisk>,
-    metas: Mutex<HashMap<BlobId, BlobMeta>>,
-    prepared: Mutex<HashMap<BlobId, Prepared>>,
-    /// Blobs whose last metadata change this primary committed and some
-    /// replica may not have (its commit failed): the next change of the
-    /// blob first brings every replica to this copy (`meta_change`). In
-    /// memory: a primary restarted between a failed commit and the
-    /// client's retry answers the retry from its own copy.
-    meta_unconfirmed: Mutex<std::collections::HashSet<BlobId>>,
-    blob_locks: Mutex<HashMap<BlobId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Blob metadata records, prepared changes, serialization
+    /// (`blob_meta`).
+    metas: BlobMetas,
     peers: Mutex<HashMap<TsId, String>>,
     /// To peers, by address.
     conns: blizzard_rpc::ConnCache,
     pub inflight: AtomicU32,
-    /// Set when the metadata server says this server is no longer a member;
-    /// cleared when it gives this server its current assignment.
-    pub fenced: std::sync::atomic::AtomicBool,
-    /// Serve only until then without another answered heartbeat (`None`:
-    /// no lease, for a service run without a metadata server).
-    pub lease_until: Mutex<Option<blizzard_env::Instant>>,
+    /// Lease and fence (`rows::Standing`): whether anything is served.
+    standing: Mutex<Standing>,
     /// Rows being copied here as a newcomer (FDS §3.2).
     pub fills: crate::fill::Fills,
     /// Bytes per second this server copies when filling rows (0: no
@@ -224,28 +106,6 @@ pub(crate) fn store_err(e: StoreError) -> ErrorReply {
     ErrorReply::new(code, e.to_string())
 }
 
-/// Metadata record stored in chunk 0 of tract −1.
-const META_MAGIC: u32 = u32::from_le_bytes(*b"BLOB");
-
-fn encode_meta(m: &BlobMeta) -> Bytes {
-    let body = encode(m);
-    let mut b = Vec::with_capacity(4096);
-    b.extend_from_slice(&META_MAGIC.to_le_bytes());
-    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    b.extend_from_slice(&body);
-    // A whole chunk, so the write never needs a read-modify-write.
-    b.resize(blizzard_core::limits::CHUNK_SIZE as usize, 0);
-    Bytes::from(b)
-}
-
-pub(crate) fn decode_meta(b: &[u8]) -> Option<BlobMeta> {
-    if b.len() < 8 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != META_MAGIC {
-        return None;
-    }
-    let n = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
-    decode(b.get(8..8usize.checked_add(n)?)?).ok()
-}
-
 impl TractService {
     pub fn new(
         env: Env,
@@ -263,15 +123,11 @@ impl TractService {
             io_delay: Duration::ZERO,
             io_bandwidth: AtomicU64::new(0),
             io_disk: Mutex::new(InjectedDisk::default()),
-            metas: Mutex::new(HashMap::new()),
-            prepared: Mutex::new(HashMap::new()),
-            meta_unconfirmed: Mutex::default(),
-            blob_locks: Mutex::new(HashMap::new()),
+            metas: BlobMetas::default(),
             peers: Mutex::new(HashMap::new()),
             conns: blizzard_rpc::ConnCache::default(),
             inflight: AtomicU32::new(0),
-            fenced: std::sync::atomic::AtomicBool::new(false),
-            lease_until: Mutex::new(None),
+            standing: Mutex::new(Standing::unleased()),
             fills: crate::fill::Fills::default(),
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
@@ -289,28 +145,21 @@ impl TractService {
     }
 
     pub(crate) fn remember_meta(&self, m: BlobMeta) {
-        lock(&self.metas).insert(m.blob, m);
+        self.metas.set(m.blob, Some(m));
     }
 
     pub(crate) fn forget_meta(&self, blob: BlobId) {
-        lock(&self.metas).remove(&blob);
+        self.metas.set(blob, None);
     }
 
     /// Refuses everything while fenced or without a lease.
     fn check_serving(&self) -> Result<(), ErrorReply> {
-        if self.fenced.load(Ordering::Acquire) {
-            return Err(ErrorReply::new(
-                ErrorCode::NotOwner,
-                "this tractserver was removed from the cluster",
-            ));
-        }
-        if lock(&self.lease_until).is_some_and(|t| self.env.now() > t) {
-            return Err(ErrorReply::new(
-                ErrorCode::NotOwner,
-                "this tractserver has lost contact with the metadata server and stopped serving until it is back",
-            ));
-        }
-        Ok(())
+        lock(&self.standing).check(self.env.now())
+    }
+
+    /// Moves this server's standing (the heartbeat loop, the start).
+    pub fn update_standing<T>(&self, f: impl FnOnce(&mut Standing) -> T) -> T {
+        f(&mut lock(&self.standing))
     }
 
     /// Whether requests are served right now (lease held, not fenced).
@@ -356,7 +205,7 @@ impl TractService {
             }
         }
         let n = loaded.len();
-        *lock(&self.metas) = loaded;
+        self.metas.replace_all(loaded);
         Ok(n)
     }
 
@@ -383,12 +232,7 @@ impl TractService {
     }
 
     fn data_check(&self, a: &TractAddr) -> Result<(), ErrorReply> {
-        if a.tract.0 < 0 || a.tract.0 as u64 >= BLOB_TRACTS_MAX {
-            return Err(ErrorReply::new(
-                ErrorCode::BadRequest,
-                format!("tract {} is not a data tract", a.tract),
-            ));
-        }
+        check_data_tract(a.tract)?;
         self.check(a.blob, a.tract, a.row_version).map(|_| ())
     }
 
@@ -480,233 +324,57 @@ impl TractService {
         }
     }
 
+    /// The dispatcher: one function per opcode below.
     async fn handle(
         self: Arc<Self>,
         req: Request,
         data: Bytes,
         caller: Caller,
     ) -> (Result<Reply, ErrorReply>, Bytes) {
-        let op = req.opcode();
+        let none = |r: Result<Reply, ErrorReply>| (r, Bytes::new());
         match req {
             // The connection handles its own `Hello`; one reaching here is
             // harmless.
-            Request::Ping | Request::Hello { .. } => (Ok(Reply::Done), Bytes::new()),
-            Request::WriteTract { addr, offset, crcs } | Request::WriteTractCached { addr, offset, crcs } => {
-                // Fenced early too, so a refused writer costs no copy; the
-                // check that counts runs again under the slot lock.
-                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
-                    return (Err(e), Bytes::new());
-                }
-                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
-                    return (Err(e), Bytes::new());
-                }
-                self.injected_delay(data.len() as u64).await;
-                let (durable, reply) = if op == Opcode::WriteTract {
-                    (Durability::Synced, Reply::Done)
-                } else {
-                    (Durability::Cached, Reply::Boot { boot: self.boot })
-                };
-                let refused_by = AtomicU64::new(0);
-                let current = || self.may_change(&caller, &addr, &refused_by);
-                let write = |data: Bytes| {
-                    self.store.write_with(
-                        addr.blob,
-                        addr.incarnation,
-                        addr.tract,
-                        addr.row_version,
-                        offset,
-                        data,
-                        &crcs,
-                        durable,
-                        &current,
-                    )
-                };
-                let mut r = write(data.clone()).await;
-                // A partial write into a chunk this replica cannot read
-                // (it must merge with the chunk's bytes): heal the chunk
-                // from a complete replica, then try once more.
-                if let Err(StoreError::Corrupt { chunk, .. }) = r {
-                    if self.heal_chunk(addr.blob, addr.incarnation, addr.tract, chunk).await {
-                        r = write(data).await;
-                    }
-                }
-                (r.map(|_| reply).map_err(|e| change_err(e, &addr, &refused_by)), Bytes::new())
+            Request::Ping | Request::Hello { .. } => none(Ok(Reply::Done)),
+            Request::WriteTract { addr, offset, crcs } => {
+                none(self.write_tract(&addr, offset, &crcs, data, Durability::Synced, &caller).await)
             }
-            Request::SyncDisk => {
-                // A sync is a round trip to the (injected) disk too.
-                self.injected_delay(0).await;
-                let r = self.store.sync().await;
-                (r.map(|_| Reply::Boot { boot: self.boot }).map_err(store_err), Bytes::new())
+            Request::WriteTractCached { addr, offset, crcs } => {
+                none(self.write_tract(&addr, offset, &crcs, data, Durability::Cached, &caller).await)
             }
-            Request::ReadTract { addr, offset, len } => {
-                if let Err(e) = self.data_check(&addr).and_then(|_| self.check_copied(addr.blob, addr.tract))
-                {
-                    return (Err(e), Bytes::new());
-                }
-                self.injected_delay(len as u64).await;
-                match self.store.read(addr.blob, addr.incarnation, addr.tract, offset, len).await {
-                    Ok((data, crcs)) => (Ok(Reply::Read { crcs }), data),
-                    Err(e) => (Err(store_err(e)), Bytes::new()),
-                }
-            }
-            Request::DeleteTract { addr } => {
-                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
-                    return (Err(e), Bytes::new());
-                }
-                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
-                    return (Err(e), Bytes::new());
-                }
-                let refused_by = AtomicU64::new(0);
-                let current = || self.may_change(&caller, &addr, &refused_by);
-                let r = self.store.delete_if(addr.blob, addr.incarnation, addr.tract, &current).await;
-                (r.map(|_| Reply::Done).map_err(|e| change_err(e, &addr, &refused_by)), Bytes::new())
-            }
-            Request::MappedTract { addr } => {
-                if let Err(e) = self.data_check(&addr) {
-                    return (Err(e), Bytes::new());
-                }
-                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
-                    return (Err(e), Bytes::new());
-                }
-                let bitmap = self.store.mapped(addr.blob, addr.incarnation, addr.tract).await;
-                (Ok(Reply::Mapped { bitmap }), Bytes::new())
-            }
+            Request::SyncDisk => none(self.sync_disk().await),
+            Request::ReadTract { addr, offset, len } => match self.read_tract(&addr, offset, len).await {
+                Ok((reply, data)) => (Ok(reply), data),
+                Err(e) => (Err(e), Bytes::new()),
+            },
+            Request::DeleteTract { addr } => none(self.delete_tract(&addr, &caller).await),
+            Request::MappedTract { addr } => none(self.mapped_tract(&addr).await),
             Request::TrimTract { addr, offset, len } => {
-                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
-                    return (Err(e), Bytes::new());
-                }
-                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
-                    return (Err(e), Bytes::new());
-                }
-                let refused_by = AtomicU64::new(0);
-                let current = || self.may_change(&caller, &addr, &refused_by);
-                let r = self.store.trim(addr.blob, addr.incarnation, addr.tract, offset, len, &current).await;
-                (r.map(|_| Reply::Done).map_err(|e| change_err(e, &addr, &refused_by)), Bytes::new())
+                none(self.trim_tract(&addr, offset, len, &caller).await)
             }
-            Request::DigestTract { addr } => {
-                // The fence rises before the store is touched: from here on
-                // no change of an older writer is admitted, and the digest
-                // below waits, under the slot lock, for those admitted
-                // before.
-                if let Err(e) = self.data_check(&addr).and_then(|_| self.admit_writer(&addr)) {
-                    return (Err(e), Bytes::new());
-                }
-                // A newcomer copies the tract first, as for a change.
-                if let Err(e) = self.ensure_copied(addr.blob, addr.tract).await {
-                    return (Err(e), Bytes::new());
-                }
-                let r = self.store.digest(addr.blob, addr.incarnation, addr.tract).await;
-                (r.map(|chunks| Reply::Digest { chunks }).map_err(store_err), Bytes::new())
-            }
-            Request::ListBlobs => {
-                // Only blobs whose metadata row this server leads: a union
-                // over all tractservers then lists each blob once.
-                let rows = self.row_index();
-                let me = self.store.disk_id();
-                let len = rows.assignment.tlt_len as usize;
-                let mut v: Vec<BlobMeta> = if len == 0 || self.check_serving().is_err() {
-                    Vec::new()
-                } else {
-                    lock(&self.metas)
-                        .values()
-                        .filter(|m| {
-                            let row = locator(m.blob, TractNo::META, len) as u32;
-                            rows.lists_row(me, row, self.fills.row_complete(row))
-                        })
-                        .copied()
-                        .collect()
-                };
-                v.sort_by_key(|m| m.blob);
-                (Ok(Reply::Blobs(v)), Bytes::new())
-            }
-            Request::GetBlob { blob, row_version } => {
-                if let Err(e) = self.ensure_copied(blob, TractNo::META).await {
-                    return (Err(e), Bytes::new());
-                }
-                let r = self.check(blob, TractNo::META, row_version).and_then(|(primary, _)| {
-                    if !primary {
-                        return Err(not_primary(blob));
-                    }
-                    lock(&self.metas).get(&blob).copied().map(Reply::Blob).ok_or_else(|| {
-                        ErrorReply::new(ErrorCode::NoSuchBlob, format!("blob {blob} does not exist"))
-                    })
-                });
-                // "No such blob" frees tracts (the scrubber's orphans): never
-                // say it of a blob whose metadata tract is here but unreadable.
-                let r = match r {
-                    Err(e)
-                        if e.code == ErrorCode::NoSuchBlob
-                            && self.store.incarnation_of(blob, TractNo::META).await.is_some() =>
-                    {
-                        Err(ErrorReply::new(
-                            ErrorCode::Corrupt,
-                            format!("blob {blob}'s metadata tract is unreadable here"),
-                        ))
-                    }
-                    r => r,
-                };
-                (r, Bytes::new())
-            }
-            Request::CreateBlob { blob, row_version, incarnation, replication } => (
+            Request::DigestTract { addr } => none(self.digest_tract(&addr).await),
+            Request::ListBlobs => none(Ok(self.list_blobs())),
+            Request::GetBlob { blob, row_version } => none(self.get_blob(blob, row_version).await),
+            Request::CreateBlob { blob, row_version, incarnation, replication } => none(
                 self.meta_change(blob, row_version, MetaOp::Create { incarnation, replication }, &caller)
                     .await,
-                Bytes::new(),
             ),
-            Request::ExtendBlob { blob, row_version, mode, tracts } => (
-                self.meta_change(blob, row_version, MetaOp::Extend { mode, tracts }, &caller).await,
-                Bytes::new(),
-            ),
+            Request::ExtendBlob { blob, row_version, mode, tracts } => {
+                none(self.meta_change(blob, row_version, MetaOp::Extend { mode, tracts }, &caller).await)
+            }
             Request::DeleteBlob { blob, row_version } => {
-                (self.meta_change(blob, row_version, MetaOp::Delete, &caller).await, Bytes::new())
+                none(self.meta_change(blob, row_version, MetaOp::Delete, &caller).await)
             }
             Request::MetaPrepare { blob, row_version, txn, expected_version, new } => {
-                let r = self.check(blob, TractNo::META, row_version).map(|_| {
-                    let cur = lock(&self.metas).get(&blob).map(|m| m.version).unwrap_or(0);
-                    if cur != expected_version {
-                        tracing::info!(%blob, cur, expected_version, "replica metadata differs from the primary's; the commit will bring it up to date");
-                    }
-                    // The primary serializes changes per blob, so a newer
-                    // prepare always supersedes an older one left behind.
-                    lock(&self.prepared).insert(blob, Prepared { txn, new });
-                    Reply::Done
-                });
-                (r, Bytes::new())
+                none(self.meta_prepare(blob, row_version, txn, expected_version, new))
             }
             Request::MetaCommit { blob, row_version, txn } => {
-                if let Err(e) = self.check(blob, TractNo::META, row_version) {
-                    return (Err(e), Bytes::new());
-                }
-                if let Err(e) = self.ensure_copied(blob, TractNo::META).await {
-                    return (Err(e), Bytes::new());
-                }
-                let p = {
-                    let mut prepared = lock(&self.prepared);
-                    match prepared.get(&blob) {
-                        Some(p) if p.txn == txn => prepared.remove(&blob),
-                        _ => None,
-                    }
-                };
-                let Some(p) = p else {
-                    return (
-                        Err(ErrorReply::new(
-                            ErrorCode::Aborted,
-                            format!("no prepared transaction {txn} for {blob}"),
-                        )),
-                        Bytes::new(),
-                    );
-                };
-                (self.apply_meta(blob, p.new, row_version).await.map(|_| Reply::Done), Bytes::new())
+                none(self.meta_commit(blob, row_version, txn).await)
             }
-            Request::MetaAbort { blob, row_version: _, txn } => {
-                let mut prepared = lock(&self.prepared);
-                if prepared.get(&blob).is_some_and(|p| p.txn == txn) {
-                    prepared.remove(&blob);
-                }
-                (Ok(Reply::Done), Bytes::new())
-            }
-            Request::AssignRows { assignment } => (self.assign(assignment).await, Bytes::new()),
+            Request::MetaAbort { blob, row_version: _, txn } => none(Ok(self.meta_abort(blob, txn))),
+            Request::AssignRows { assignment } => none(self.assign(assignment).await),
             Request::ListRowTracts { row, row_version, after } => {
-                (self.serve_list(row, row_version, after), Bytes::new())
+                none(self.serve_list(row, row_version, after))
             }
             Request::CopyTract { row, row_version, tract } => {
                 match self.serve_copy(row, row_version, tract).await {
@@ -720,11 +388,205 @@ impl TractService {
             | Request::ClusterParams
             | Request::AcquireVolume { .. }
             | Request::RenewVolume { .. }
-            | Request::ReleaseVolume { .. } => (
-                Err(ErrorReply::new(ErrorCode::BadRequest, "that request is for the metadata server")),
-                Bytes::new(),
-            ),
+            | Request::ReleaseVolume { .. } => {
+                none(Err(ErrorReply::new(ErrorCode::BadRequest, "that request is for the metadata server")))
+            }
         }
+    }
+
+    /// The checks every change of a data tract passes first: the row at
+    /// its version, the writer's fence raised to it (so a refused writer
+    /// costs no copy; the check that counts runs again under the slot
+    /// lock), and a newcomer's copy of the tract done.
+    async fn admit_change(&self, addr: &TractAddr) -> Result<(), ErrorReply> {
+        self.data_check(addr).and_then(|_| self.admit_writer(addr))?;
+        self.ensure_copied(addr.blob, addr.tract).await
+    }
+
+    /// `WriteTract` (`Synced`: durable before the reply) and
+    /// `WriteTractCached` (`Cached`: applied, durable at the next
+    /// `SyncDisk`; the reply names this boot, so the client can tell a
+    /// restart lost it).
+    async fn write_tract(
+        &self,
+        addr: &TractAddr,
+        offset: u32,
+        crcs: &[u32],
+        data: Bytes,
+        durable: Durability,
+        caller: &Caller,
+    ) -> Result<Reply, ErrorReply> {
+        self.admit_change(addr).await?;
+        self.injected_delay(data.len() as u64).await;
+        let reply = match durable {
+            Durability::Synced => Reply::Done,
+            Durability::Cached => Reply::Boot { boot: self.boot },
+        };
+        let refused_by = AtomicU64::new(0);
+        let current = || self.may_change(caller, addr, &refused_by);
+        let write = |data: Bytes| {
+            self.store.write_with(
+                addr.blob,
+                addr.incarnation,
+                addr.tract,
+                addr.row_version,
+                offset,
+                data,
+                crcs,
+                durable,
+                &current,
+            )
+        };
+        let mut r = write(data.clone()).await;
+        // A partial write into a chunk this replica cannot read (it must
+        // merge with the chunk's bytes): heal the chunk from a complete
+        // replica, then try once more.
+        if let Err(StoreError::Corrupt { chunk, .. }) = r {
+            if self.heal_chunk(addr.blob, addr.incarnation, addr.tract, chunk).await {
+                r = write(data).await;
+            }
+        }
+        r.map(|_| reply).map_err(|e| change_err(e, addr, &refused_by))
+    }
+
+    /// `SyncDisk`: makes every cached write durable.
+    async fn sync_disk(&self) -> Result<Reply, ErrorReply> {
+        // A sync is a round trip to the (injected) disk too.
+        self.injected_delay(0).await;
+        self.store.sync().await.map_err(store_err)?;
+        Ok(Reply::Boot { boot: self.boot })
+    }
+
+    async fn read_tract(
+        &self,
+        addr: &TractAddr,
+        offset: u32,
+        len: u32,
+    ) -> Result<(Reply, Bytes), ErrorReply> {
+        self.data_check(addr).and_then(|_| self.check_copied(addr.blob, addr.tract))?;
+        self.injected_delay(len as u64).await;
+        let (data, crcs) =
+            self.store.read(addr.blob, addr.incarnation, addr.tract, offset, len).await.map_err(store_err)?;
+        Ok((Reply::Read { crcs }, data))
+    }
+
+    async fn delete_tract(&self, addr: &TractAddr, caller: &Caller) -> Result<Reply, ErrorReply> {
+        self.admit_change(addr).await?;
+        let refused_by = AtomicU64::new(0);
+        let current = || self.may_change(caller, addr, &refused_by);
+        let r = self.store.delete_if(addr.blob, addr.incarnation, addr.tract, &current).await;
+        r.map(|_| Reply::Done).map_err(|e| change_err(e, addr, &refused_by))
+    }
+
+    async fn mapped_tract(&self, addr: &TractAddr) -> Result<Reply, ErrorReply> {
+        self.data_check(addr)?;
+        self.ensure_copied(addr.blob, addr.tract).await?;
+        Ok(Reply::Mapped { bitmap: self.store.mapped(addr.blob, addr.incarnation, addr.tract).await })
+    }
+
+    async fn trim_tract(
+        &self,
+        addr: &TractAddr,
+        offset: u32,
+        len: u32,
+        caller: &Caller,
+    ) -> Result<Reply, ErrorReply> {
+        self.admit_change(addr).await?;
+        let refused_by = AtomicU64::new(0);
+        let current = || self.may_change(caller, addr, &refused_by);
+        let r = self.store.trim(addr.blob, addr.incarnation, addr.tract, offset, len, &current).await;
+        r.map(|_| Reply::Done).map_err(|e| change_err(e, addr, &refused_by))
+    }
+
+    /// `DigestTract`: the fence rises before the store is touched, so from
+    /// here on no change of an older writer is admitted, and the digest
+    /// waits, under the slot lock, for those admitted before. A newcomer
+    /// copies the tract first, as for a change.
+    async fn digest_tract(&self, addr: &TractAddr) -> Result<Reply, ErrorReply> {
+        self.admit_change(addr).await?;
+        let chunks = self.store.digest(addr.blob, addr.incarnation, addr.tract).await.map_err(store_err)?;
+        Ok(Reply::Digest { chunks })
+    }
+
+    /// `ListBlobs`: only blobs whose metadata row this server leads, so a
+    /// union over all tractservers lists each blob once.
+    fn list_blobs(&self) -> Reply {
+        let rows = self.row_index();
+        let me = self.store.disk_id();
+        let len = rows.assignment.tlt_len as usize;
+        let mut v: Vec<BlobMeta> = if len == 0 || self.check_serving().is_err() {
+            Vec::new()
+        } else {
+            self.metas.filtered(|m| {
+                let row = locator(m.blob, TractNo::META, len) as u32;
+                rows.lists_row(me, row, self.fills.row_complete(row))
+            })
+        };
+        v.sort_by_key(|m| m.blob);
+        Reply::Blobs(v)
+    }
+
+    /// `GetBlob`, asked of the blob's metadata primary.
+    async fn get_blob(&self, blob: BlobId, row_version: u64) -> Result<Reply, ErrorReply> {
+        self.ensure_copied(blob, TractNo::META).await?;
+        let r = self.check(blob, TractNo::META, row_version).and_then(|(primary, _)| {
+            if !primary {
+                return Err(not_primary(blob));
+            }
+            self.metas
+                .get(blob)
+                .map(Reply::Blob)
+                .ok_or_else(|| ErrorReply::new(ErrorCode::NoSuchBlob, format!("blob {blob} does not exist")))
+        });
+        // "No such blob" frees tracts (the scrubber's orphans): never say
+        // it of a blob whose metadata tract is here but unreadable.
+        match r {
+            Err(e)
+                if e.code == ErrorCode::NoSuchBlob
+                    && self.store.incarnation_of(blob, TractNo::META).await.is_some() =>
+            {
+                Err(ErrorReply::new(
+                    ErrorCode::Corrupt,
+                    format!("blob {blob}'s metadata tract is unreadable here"),
+                ))
+            }
+            r => r,
+        }
+    }
+
+    /// `MetaPrepare` on a replica: remembers the change until its commit.
+    fn meta_prepare(
+        &self,
+        blob: BlobId,
+        row_version: u64,
+        txn: u64,
+        expected_version: u64,
+        new: Option<BlobMeta>,
+    ) -> Result<Reply, ErrorReply> {
+        self.check(blob, TractNo::META, row_version)?;
+        let cur = self.metas.get(blob).map(|m| m.version).unwrap_or(0);
+        if cur != expected_version {
+            tracing::info!(%blob, cur, expected_version, "replica metadata differs from the primary's; the commit will bring it up to date");
+        }
+        self.metas.prepare(blob, txn, new);
+        Ok(Reply::Done)
+    }
+
+    /// `MetaCommit` on a replica: applies the prepared change durably.
+    async fn meta_commit(&self, blob: BlobId, row_version: u64, txn: u64) -> Result<Reply, ErrorReply> {
+        self.check(blob, TractNo::META, row_version)?;
+        self.ensure_copied(blob, TractNo::META).await?;
+        let new = self.metas.take_prepared(blob, txn).ok_or_else(|| {
+            ErrorReply::new(ErrorCode::Aborted, format!("no prepared transaction {txn} for {blob}"))
+        })?;
+        self.apply_meta(blob, new, row_version).await?;
+        Ok(Reply::Done)
+    }
+
+    /// `MetaAbort` on a replica: forgets the prepared change.
+    fn meta_abort(&self, blob: BlobId, txn: u64) -> Reply {
+        self.metas.abort(blob, txn);
+        Reply::Done
     }
 
     /// Installs a new assignment from the metadata server, durably.
@@ -765,7 +627,7 @@ impl TractService {
         } = RowIndex::new(me, a);
         // An assignment from the metadata server makes this server a
         // member again (a fenced server gets one once it is safe).
-        if self.fenced.swap(false, Ordering::AcqRel) {
+        if self.update_standing(Standing::assigned) == Turn::Unfenced {
             tracing::info!("the metadata server gave this tractserver its current assignment; serving again");
         }
         tracing::info!(rows, filling, tlt_version = version, "stored new TLT assignment");
@@ -774,7 +636,7 @@ impl TractService {
 
     /// Writes or deletes a blob's metadata tract here and updates memory.
     async fn apply_meta(&self, blob: BlobId, new: Option<BlobMeta>, version: u64) -> Result<(), ErrorReply> {
-        let old = lock(&self.metas).get(&blob).copied();
+        let old = self.metas.get(blob);
         match new {
             Some(m) => {
                 if let Some(o) = old.filter(|o| o.incarnation != m.incarnation) {
@@ -786,20 +648,16 @@ impl TractService {
                     .write(blob, m.incarnation, TractNo::META, version, 0, rec, &crcs)
                     .await
                     .map_err(store_err)?;
-                lock(&self.metas).insert(blob, m);
+                self.metas.set(blob, Some(m));
             }
             None => {
                 if let Some(o) = old {
                     self.store.delete(blob, o.incarnation, TractNo::META).await.map_err(store_err)?;
                 }
-                lock(&self.metas).remove(&blob);
+                self.metas.set(blob, None);
             }
         }
         Ok(())
-    }
-
-    fn blob_lock(&self, blob: BlobId) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.blob_locks).entry(blob).or_default().clone()
     }
 
     /// A metadata change at the primary: serialize, prepare everywhere,
@@ -811,25 +669,18 @@ impl TractService {
         op: MetaOp,
         caller: &Caller,
     ) -> Result<Reply, ErrorReply> {
-        let blob_lock = self.blob_lock(blob);
-        let result = {
-            let _serial = blob_lock.lock().await;
-            // Under the blob's lock, which orders every change to it: a
-            // create or delete the client has retried elsewhere since is
-            // not applied after what followed it.
-            if caller.is_current() {
-                self.meta_change_serialized(blob, row_version, op).await
-            } else {
-                Err(store_err(StoreError::Superseded))
-            }
-        };
-        // Forget the lock once nobody else holds or waits for it, so the
-        // map does not grow with every blob ever touched.
-        let mut locks = lock(&self.blob_locks);
-        if locks.get(&blob).is_some_and(|l| Arc::ptr_eq(l, &blob_lock) && Arc::strong_count(l) == 2) {
-            locks.remove(&blob);
-        }
-        result
+        self.metas
+            .serialized(blob, async {
+                // Under the blob's lock, which orders every change to it: a
+                // create or delete the client has retried elsewhere since
+                // is not applied after what followed it.
+                if caller.is_current() {
+                    self.meta_change_serialized(blob, row_version, op).await
+                } else {
+                    Err(store_err(StoreError::Superseded))
+                }
+            })
+            .await
     }
 
     async fn meta_change_serialized(
@@ -848,48 +699,18 @@ impl TractService {
         // Pending members (cluster growth) too: they must hold the blob's
         // metadata when they take over their column.
         let others: Vec<TsId> = holders.into_iter().filter(|m| *m != me).collect();
-        if lock(&self.meta_unconfirmed).contains(&blob) {
+        if self.metas.is_unconfirmed(blob) {
             // A replica may lack the change this copy holds: a client's
             // retry (or the next change) first brings them all to it, so
             // what a client was told is on every replica.
-            let cur = lock(&self.metas).get(&blob).copied();
+            let cur = self.metas.get(blob);
             self.replicate_meta(blob, row_version, cur, cur, &others).await?;
         }
-        let cur = lock(&self.metas).get(&blob).copied();
-        let new: Option<BlobMeta> = match (op, cur) {
-            (MetaOp::Create { .. }, Some(_)) => {
-                return Err(ErrorReply::new(ErrorCode::BlobExists, format!("blob {blob} already exists")))
-            }
-            (MetaOp::Create { incarnation, replication }, None) => {
-                let max = self.row_index().assignment.replication;
-                if replication == 0 || replication > max {
-                    return Err(ErrorReply::new(
-                        ErrorCode::BadRequest,
-                        format!("replication {replication} is outside 1..={max} (the cluster's maximum)"),
-                    ));
-                }
-                Some(BlobMeta { blob, incarnation, replication, size_tracts: 0, version: 1 })
-            }
-            (_, None) => {
-                return Err(ErrorReply::new(ErrorCode::NoSuchBlob, format!("blob {blob} does not exist")))
-            }
-            (MetaOp::Extend { mode, tracts }, Some(c)) => {
-                let size = match mode {
-                    ExtendMode::By => c.size_tracts.checked_add(tracts),
-                    ExtendMode::To => Some(c.size_tracts.max(tracts)),
-                };
-                let size = size.filter(|s| *s <= BLOB_TRACTS_MAX).ok_or_else(|| {
-                    ErrorReply::new(
-                        ErrorCode::OutOfRange,
-                        format!("blob size would exceed {BLOB_TRACTS_MAX} tracts"),
-                    )
-                })?;
-                if size == c.size_tracts {
-                    return Ok(Reply::Blob(c));
-                }
-                Some(BlobMeta { size_tracts: size, version: c.version + 1, ..c })
-            }
-            (MetaOp::Delete, Some(_)) => None,
+        let cur = self.metas.get(blob);
+        let max = self.row_index().assignment.replication;
+        let new = match blob_meta::plan(blob, op, cur, max)? {
+            Planned::Unchanged(c) => return Ok(Reply::Blob(c)),
+            Planned::Change(new) => new,
         };
         self.replicate_meta(blob, row_version, cur, new, &others).await?;
         // A delete answers with the metadata the blob had.
@@ -937,13 +758,13 @@ impl TractService {
         let missed = others.iter().zip(results).find_map(|(m, r)| r.err().map(|e| (m, e)));
         if let Some((m, e)) = missed {
             tracing::warn!(%blob, replica = %m, error = %e, "replica failed to commit metadata; the client's retry will bring it up to date");
-            lock(&self.meta_unconfirmed).insert(blob);
+            self.metas.set_confirmed(blob, false);
             return Err(ErrorReply::new(
                 ErrorCode::Aborted,
                 format!("metadata of {blob} committed here but not on replica {m} ({e}); retry"),
             ));
         }
-        lock(&self.meta_unconfirmed).remove(&blob);
+        self.metas.set_confirmed(blob, true);
         Ok(())
     }
 
@@ -1009,13 +830,6 @@ impl TractService {
         }
         Err(last.unwrap_or(RpcError::ConnectionLost(id.to_string())))
     }
-}
-
-#[derive(Clone, Copy)]
-enum MetaOp {
-    Create { incarnation: Incarnation, replication: u8 },
-    Extend { mode: ExtendMode, tracts: u64 },
-    Delete,
 }
 
 /// The refusal of a request whose writer epoch is older than `newest`.
