@@ -43,7 +43,7 @@ use blizzard_rpc::Shutdown;
 
 use crate::blob_meta::decode_meta;
 use crate::service::{store_err, TractService};
-use crate::store::{Durability, StoreError};
+use crate::store::{Durability, StoreError, TractWrite};
 
 /// Tracts one newcomer copies at once, over all the rows it fills. Each
 /// holds up to a tract in memory; recovery's parallelism comes mostly from
@@ -319,20 +319,17 @@ impl TractService {
             let (n, chunk) = (*n as usize, CHUNK_SIZE as usize);
             let data = c.data.slice(at * chunk..(at + n) * chunk);
             let crcs = &c.crcs[at..at + n];
-            self.store
-                .write_with(
-                    blob,
-                    c.incarnation,
-                    tract,
-                    version,
-                    first * CHUNK_SIZE,
-                    data,
-                    crcs,
-                    Durability::Cached,
-                    crate::store::ALWAYS,
-                )
-                .await
-                .map_err(store_err)?;
+            let w = TractWrite {
+                blob,
+                incarnation: c.incarnation,
+                tract,
+                version,
+                offset: first * CHUNK_SIZE,
+                data,
+                crcs,
+                durability: Durability::Cached,
+            };
+            self.store.write_with(w, crate::store::ALWAYS).await.map_err(store_err)?;
             at += n;
         }
         self.store.sync().await.map_err(store_err)?;

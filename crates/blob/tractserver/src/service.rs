@@ -33,7 +33,7 @@ use blizzard_rpc::{Caller, RpcConn, RpcError, Service};
 use crate::blob_meta::{self, decode_meta, encode_meta, BlobMetas, MetaOp, Planned};
 use crate::rows::{check_data_tract, Standing, Turn};
 pub use crate::rows::{RowIndex, BLOB_TRACTS_MAX};
-use crate::store::{Durability, Store, StoreError};
+use crate::store::{Durability, Store, StoreError, TractWrite};
 
 /// The booking state of the injected disk (see `injected_delay`).
 #[derive(Default)]
@@ -425,17 +425,17 @@ impl TractService {
         let refused_by = AtomicU64::new(0);
         let current = || self.may_change(caller, addr, &refused_by);
         let write = |data: Bytes| {
-            self.store.write_with(
-                addr.blob,
-                addr.incarnation,
-                addr.tract,
-                addr.row_version,
+            let w = TractWrite {
+                blob: addr.blob,
+                incarnation: addr.incarnation,
+                tract: addr.tract,
+                version: addr.row_version,
                 offset,
                 data,
                 crcs,
-                durable,
-                &current,
-            )
+                durability: durable,
+            };
+            self.store.write_with(w, &current)
         };
         let mut r = write(data.clone()).await;
         // A partial write into a chunk this replica cannot read (it must

@@ -197,6 +197,21 @@ struct Index {
     quarantined: u32,
 }
 
+/// One write of bytes into a tract, as [`Store::write_with`] takes it.
+pub struct TractWrite<'a> {
+    pub blob: BlobId,
+    pub incarnation: Incarnation,
+    pub tract: TractNo,
+    /// The TLT row version the writer used (stored with the tract).
+    pub version: u64,
+    /// Where in the tract, in bytes.
+    pub offset: u32,
+    pub data: Bytes,
+    /// The writer's CRC32C of each piece (`blizzard_core::crc::piece_crcs`).
+    pub crcs: &'a [u32],
+    pub durability: Durability,
+}
+
 /// When a write is acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
@@ -811,8 +826,17 @@ impl Store {
         data: Bytes,
         crcs: &[u32],
     ) -> Result<(), StoreError> {
-        self.write_with(blob, incarnation, tract, version, offset, data, crcs, Durability::Synced, ALWAYS)
-            .await
+        let w = TractWrite {
+            blob,
+            incarnation,
+            tract,
+            version,
+            offset,
+            data,
+            crcs,
+            durability: Durability::Synced,
+        };
+        self.write_with(w, ALWAYS).await
     }
 
     /// Makes every write applied so far durable (one group commit).
@@ -825,20 +849,10 @@ impl Store {
 
     /// [`Store::write`], returning once durable (`Synced`) or once applied
     /// (`Cached`: durable after the next [`Store::sync`], and it survives
-    /// a kill of this process, since the kernel holds it).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn write_with(
-        &self,
-        blob: BlobId,
-        incarnation: Incarnation,
-        tract: TractNo,
-        version: u64,
-        offset: u32,
-        data: Bytes,
-        crcs: &[u32],
-        durability: Durability,
-        current: Current<'_>,
-    ) -> Result<(), StoreError> {
+    /// a kill of this process, since the kernel holds it). `current` is
+    /// asked under the slot lock whether the write may still apply.
+    pub async fn write_with(&self, w: TractWrite<'_>, current: Current<'_>) -> Result<(), StoreError> {
+        let TractWrite { blob, incarnation, tract, version, offset, data, crcs, durability } = w;
         if self.commit.failed() {
             return Err(StoreError::Failed);
         }
@@ -2150,8 +2164,17 @@ mod tests {
         let d = pattern(7, 4096);
         let crcs = blizzard_core::crc::piece_crcs(0, &d);
         let never: Current<'_> = &|| false;
-        let r =
-            s.write_with(BlobId(1), 1, TractNo(0), 1, 0, d.clone(), &crcs, Durability::Synced, never).await;
+        let w = TractWrite {
+            blob: BlobId(1),
+            incarnation: 1,
+            tract: TractNo(0),
+            version: 1,
+            offset: 0,
+            data: d.clone(),
+            crcs: &crcs,
+            durability: Durability::Synced,
+        };
+        let r = s.write_with(w, never).await;
         assert!(matches!(r, Err(StoreError::Superseded)), "{r:?}");
         assert_eq!(s.usage().1, 0, "a refused write must not keep a slot");
         assert!(s.tracts().is_empty());
