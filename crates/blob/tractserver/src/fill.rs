@@ -282,7 +282,7 @@ impl TractService {
         let req = Request::CopyTract { row, row_version: version, tract: RowTract { blob, tract } };
         let last = match sources.first() {
             None => String::from("the row has no complete member"),
-            Some(src) => match self.call_peer_data(*src, &req).await {
+            Some(src) => match self.peers.call_data(*src, &req).await {
                 Ok((Reply::TractCopy { incarnation, bitmap, crcs }, data)) => {
                     match parse_copy(self.store.tract_size(), incarnation, &bitmap, crcs, data) {
                         Some(c) => return self.install(version, blob, tract, c).await,
@@ -579,7 +579,7 @@ impl TractService {
         let mut after = None;
         loop {
             let req = Request::ListRowTracts { row, row_version: version, after };
-            let last = match self.call_peer_data(*src, &req).await {
+            let last = match self.peers.call_data(*src, &req).await {
                 Ok((Reply::RowTracts { tracts, more }, _)) => {
                     after = tracts.last().copied();
                     out.extend(tracts);

@@ -18,6 +18,7 @@ pub mod fence;
 pub mod fill;
 pub mod layout;
 pub mod metrics;
+pub mod peers;
 pub mod rows;
 pub mod scrub;
 pub mod server;

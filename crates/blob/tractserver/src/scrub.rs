@@ -125,7 +125,7 @@ impl TractService {
         }
         loop {
             // The table for this pass, to find each blob's metadata primary.
-            let tlt = self.fetch_tlt().await.ok();
+            let tlt = self.peers.fetch_tlt().await.ok();
             let mut suspects = std::collections::HashMap::new();
             for (blob, tract) in self.store.tracts() {
                 tokio::select! {
@@ -249,7 +249,8 @@ impl TractService {
     ) -> Option<bool> {
         let row = &tlt.rows[tlt.locate(blob, TractNo::META)];
         let primary = tlt.members.get(*row.members.first()? as usize)?;
-        match self.call_addr(&primary.addr, &Request::GetBlob { blob, row_version: row.version }).await {
+        match self.peers.call_addr(&primary.addr, &Request::GetBlob { blob, row_version: row.version }).await
+        {
             Ok(Reply::Blob(m)) => Some(m.incarnation == inc),
             Err(e) if e.remote().is_some_and(|r| r.code == blizzard_proto::ErrorCode::NoSuchBlob) => {
                 Some(false)
@@ -284,7 +285,7 @@ impl TractService {
         inc: Incarnation,
         chunk: u32,
     ) -> Option<Option<Bytes>> {
-        let Ok((Reply::TractCopy { incarnation, bitmap, .. }, data)) = self.call_peer_data(peer, req).await
+        let Ok((Reply::TractCopy { incarnation, bitmap, .. }, data)) = self.peers.call_data(peer, req).await
         else {
             return None;
         };

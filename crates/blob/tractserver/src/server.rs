@@ -144,14 +144,18 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         Some(b) => decode::<Assignment>(&b).map_err(|_| TractServerError::BadAssignment(path.clone()))?,
         None => Assignment::default(),
     };
-    let mut service =
-        TractService::new(env.clone(), store.clone(), meta, RowIndex::new(me, assignment.clone()));
+    let mut service = TractService::new(
+        env.clone(),
+        store.clone(),
+        meta,
+        RowIndex::new(me, assignment.clone()),
+        cfg.request_timeout,
+    );
     // Rows this server was still copying when it stopped: copied again.
     service.fills.update(me, &assignment);
     // Nothing is served before the metadata server has answered a
     // heartbeat: this server may have been declared dead while it was down.
     service.update_standing(|s| *s = Standing::awaiting(env.now()));
-    service.request_timeout = cfg.request_timeout;
     service.io_delay = cfg.io_delay;
     service.set_io_bandwidth(cfg.io_bandwidth);
     service.fill_bandwidth = cfg.fill_bandwidth;
@@ -231,7 +235,7 @@ async fn heartbeat_loop(
     // heartbeats stay a few dozen bytes.
     let mut send_assignment = true;
     let mut leader: Option<String> = None;
-    let meta = service.meta.clone();
+    let meta = service.peers.meta.clone();
     loop {
         let (slots_total, slots_used) = service.store.usage();
         let rows = service.row_index();

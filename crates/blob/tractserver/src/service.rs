@@ -28,9 +28,10 @@ use blizzard_core::{BlobId, TractNo, TsId};
 use blizzard_env::Env;
 use blizzard_proto::codec::encode;
 use blizzard_proto::{Assignment, BlobMeta, ErrorCode, ErrorReply, Reply, Request, TractAddr};
-use blizzard_rpc::{Caller, RpcConn, RpcError, Service};
+use blizzard_rpc::{Caller, Service};
 
 use crate::blob_meta::{self, decode_meta, encode_meta, BlobMetas, MetaOp, Planned};
+use crate::peers::Peers;
 use crate::rows::{check_data_tract, Standing, Turn};
 pub use crate::rows::{RowIndex, BLOB_TRACTS_MAX};
 use crate::store::{Durability, Store, StoreError, TractWrite};
@@ -48,9 +49,8 @@ pub struct TractService {
     pub env: Env,
     pub store: Arc<Store>,
     pub rows: RwLock<RowIndex>,
-    /// The metadata service (to learn peer addresses, and heartbeat).
-    pub meta: Arc<blizzard_rpc::MetaService>,
-    pub request_timeout: Duration,
+    /// Other tractservers and the metadata service (`peers`).
+    pub peers: Peers,
     /// Injected delay before every tract read and write: stands in for a
     /// remote disk's seek and network time in benchmarks.
     pub io_delay: Duration,
@@ -62,9 +62,6 @@ pub struct TractService {
     /// Blob metadata records, prepared changes, serialization
     /// (`blob_meta`).
     metas: BlobMetas,
-    peers: Mutex<HashMap<TsId, String>>,
-    /// To peers, by address.
-    conns: blizzard_rpc::ConnCache,
     pub inflight: AtomicU32,
     /// Lease and fence (`rows::Standing`): whether anything is served.
     standing: Mutex<Standing>,
@@ -112,20 +109,18 @@ impl TractService {
         store: Arc<Store>,
         meta: Arc<blizzard_rpc::MetaService>,
         rows: RowIndex,
+        request_timeout: Duration,
     ) -> TractService {
         TractService {
             boot: env.random_u64(),
+            peers: Peers::new(env.clone(), meta, request_timeout),
             env,
             store,
             rows: RwLock::new(rows),
-            meta,
-            request_timeout: Duration::from_secs(10),
             io_delay: Duration::ZERO,
             io_bandwidth: AtomicU64::new(0),
             io_disk: Mutex::new(InjectedDisk::default()),
             metas: BlobMetas::default(),
-            peers: Mutex::new(HashMap::new()),
-            conns: blizzard_rpc::ConnCache::default(),
             inflight: AtomicU32::new(0),
             standing: Mutex::new(Standing::unleased()),
             fills: crate::fill::Fills::default(),
@@ -734,12 +729,12 @@ impl TractService {
         let txn = self.env.random_u64();
         // Phase one: every other replica must accept before anything changes.
         let prepare = Request::MetaPrepare { blob, row_version, txn, expected_version, new };
-        let results = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &prepare))).await;
+        let results = futures::future::join_all(others.iter().map(|m| self.peers.call(*m, &prepare))).await;
         if let Some((who, e)) =
             others.iter().zip(&results).find_map(|(m, r)| r.as_ref().err().map(|e| (m, e)))
         {
             let abort = Request::MetaAbort { blob, row_version, txn };
-            let _ = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &abort))).await;
+            let _ = futures::future::join_all(others.iter().map(|m| self.peers.call(*m, &abort))).await;
             let code = match e.remote().map(|r| r.code) {
                 Some(ErrorCode::StaleVersion) | Some(ErrorCode::NotOwner) => ErrorCode::StaleVersion,
                 _ => ErrorCode::Aborted,
@@ -750,7 +745,7 @@ impl TractService {
         // row), then on the others.
         self.apply_meta(blob, new, row_version).await?;
         let commit = Request::MetaCommit { blob, row_version, txn };
-        let results = futures::future::join_all(others.iter().map(|m| self.call_peer(*m, &commit))).await;
+        let results = futures::future::join_all(others.iter().map(|m| self.peers.call(*m, &commit))).await;
         // Acknowledged only once every replica committed: a replica that
         // missed it (its lease lapsed, say) would lose the change if it
         // became the primary. The client retries; the retry brings every
@@ -766,69 +761,6 @@ impl TractService {
         }
         self.metas.set_confirmed(blob, true);
         Ok(())
-    }
-
-    /// The metadata server's current TLT.
-    pub(crate) async fn fetch_tlt(&self) -> Result<blizzard_core::tlt::Tlt, RpcError> {
-        let (reply, _, addr) =
-            self.meta.call(&Request::GetTlt { have_version: 0 }, self.request_timeout).await?;
-        match reply {
-            Reply::Tlt(Some(t)) if t.validate().is_ok() => Ok(t),
-            _ => Err(RpcError::ConnectionLost(format!("{addr}: no valid TLT"))),
-        }
-    }
-
-    /// Calls a server by address (for the scrubber's metadata questions).
-    pub(crate) async fn call_addr(&self, addr: &str, req: &Request) -> Result<Reply, RpcError> {
-        let c = self.conn(addr).await?;
-        c.call_timeout(&self.env, self.request_timeout, req, Bytes::new()).await.map(|(r, _)| r)
-    }
-
-    async fn peer_addr(&self, id: TsId, refresh: bool) -> Result<String, RpcError> {
-        if !refresh {
-            if let Some(a) = lock(&self.peers).get(&id) {
-                return Ok(a.clone());
-            }
-        }
-        let (reply, _, _) =
-            self.meta.call(&Request::GetTlt { have_version: 0 }, self.request_timeout).await?;
-        if let Reply::Tlt(Some(tlt)) = reply {
-            let mut peers = lock(&self.peers);
-            for m in &tlt.members {
-                peers.insert(m.id, m.addr.clone());
-            }
-        }
-        lock(&self.peers).get(&id).cloned().ok_or_else(|| RpcError::Connect {
-            addr: id.to_string(),
-            message: "tractserver is not in the TLT".into(),
-        })
-    }
-
-    async fn conn(&self, addr: &str) -> Result<RpcConn, RpcError> {
-        self.conns.get(&self.env, addr).await
-    }
-
-    async fn call_peer(&self, id: TsId, req: &Request) -> Result<Reply, RpcError> {
-        self.call_peer_data(id, req).await.map(|(r, _)| r)
-    }
-
-    /// Calls another tractserver, finding it through the TLT.
-    pub(crate) async fn call_peer_data(&self, id: TsId, req: &Request) -> Result<(Reply, Bytes), RpcError> {
-        let mut last = None;
-        for attempt in 0..2 {
-            let addr = self.peer_addr(id, attempt > 0).await?;
-            let res = match self.conn(&addr).await {
-                Ok(c) => c.call_timeout(&self.env, self.request_timeout, req, Bytes::new()).await,
-                Err(e) => Err(e),
-            };
-            match res {
-                Ok(r) => return Ok(r),
-                Err(e @ RpcError::Remote { .. }) => return Err(e),
-                // The peer may have moved (restart on a new port): look again.
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or(RpcError::ConnectionLost(id.to_string())))
     }
 }
 
