@@ -58,9 +58,10 @@ use blizzard_env::{Env, Instant};
 use crate::cache::{Data, WriteCache};
 use crate::intent::{IntentGuard, IntentLog};
 use crate::io::{BlobIo, CacheReceipt};
+use crate::retry::{self, Refusal};
 use crate::striping::Striping;
 use crate::superblock::ExposureLimits;
-use crate::{extent_io, retry, PlantedBug, VolumeError};
+use crate::{extent_io, PlantedBug, VolumeError};
 
 struct Op {
     seq: u64,
@@ -83,6 +84,25 @@ struct Flight {
     /// Its tracts' intent bits, held from before it is issued until it is
     /// durable.
     intent: Option<IntentGuard>,
+}
+
+/// Writers and flushers fail while a write is stuck on a full disk, and
+/// go on once it lands.
+impl retry::Stuck for FastAck {
+    fn stuck(&self, e: VolumeError) {
+        let first = self.lock().refusal.stuck(e.clone());
+        if first {
+            tracing::error!(error = %e, "{}", retry::STUCK);
+        }
+        self.changed.notify_waiters();
+        self.room.notify_waiters();
+    }
+
+    fn unstuck(&self) {
+        if self.lock().refusal.unstuck() {
+            tracing::info!("the writes stuck on a full disk landed; writes and flushes go on");
+        }
+    }
 }
 
 /// What to do about syncing after a state change.
@@ -133,13 +153,13 @@ struct State {
     writing: u64,
     /// Writes issued so far in `issue_epoch`.
     issued_in_epoch: u64,
-    /// Set once a write this instance acknowledged can never land:
-    /// another process claimed the volume (`VolumeError::Fenced`,
-    /// `intent::claim`), or the blob store refused it for good (a full
-    /// disk: `retry::until_landed`). Every later write and flush fails
-    /// with it. The write stays in flight, so no later epoch is issued
-    /// and the blob keeps a prefix of the acknowledged writes.
-    failed: Option<VolumeError>,
+    /// Whether new writes and flushes are refused (`retry`): for good
+    /// once a write this instance acknowledged can never land (another
+    /// process claimed the volume: `VolumeError::Fenced`,
+    /// `intent::claim`), or while one is stuck on a full disk. Either way
+    /// the write stays in flight, so no later epoch is issued and the
+    /// blob keeps a prefix of the acknowledged writes.
+    refusal: Refusal,
 }
 
 pub struct FastAck {
@@ -223,9 +243,7 @@ impl FastAck {
             notified.as_mut().enable();
             let wait = {
                 let st = self.lock();
-                if let Some(e) = &st.failed {
-                    return Err(e.clone());
-                }
+                st.refusal.check()?;
                 let now = self.env.now();
                 let age_max = Duration::from_millis(self.limits.age_ms_max as u64);
                 let too_old = Self::oldest(&st).filter(|t| now.duration_since(*t) >= age_max);
@@ -269,9 +287,7 @@ impl FastAck {
     pub async fn flush(self: &Arc<Self>, durable: bool) -> Result<(), VolumeError> {
         let (closed, issue) = {
             let mut st = self.lock();
-            if let Some(e) = &st.failed {
-                return Err(e.clone());
-            }
+            st.refusal.check()?;
             let closed = st.curr_epoch;
             st.curr_epoch += 1;
             self.retire(&mut st);
@@ -294,9 +310,7 @@ impl FastAck {
                 if st.issue_epoch > closed {
                     return Ok(());
                 }
-                if let Some(e) = &st.failed {
-                    return Err(e.clone());
-                }
+                st.refusal.check()?;
             }
             notified.await;
         }
@@ -307,13 +321,9 @@ impl FastAck {
     /// fail instead of waiting forever. The first failure is kept.
     fn fail(&self, e: VolumeError) {
         if e.kind() != crate::ErrorKind::Fenced {
-            tracing::error!(error = %e, "{}", crate::retry::FAILED);
+            tracing::error!(error = %e, "{}", retry::FAILED);
         }
-        let e = match e.fenced_by() {
-            Some(newest) => VolumeError::Fenced { newest },
-            None => e,
-        };
-        self.lock().failed.get_or_insert(e);
+        self.lock().refusal.fail(e);
         self.changed.notify_waiters();
         self.room.notify_waiters();
     }
@@ -447,7 +457,7 @@ impl FastAck {
                     return;
                 }
                 let (m, o) = (&me, &op);
-                let written = retry::until_landed(&me.env, "acknowledged write", || async move {
+                let written = retry::until_landed(&me.env, "acknowledged write", &*me, || async move {
                     if o.durable {
                         extent_io::write(&m.io, &m.striping, o.offset, &o.data)
                             .await
@@ -489,7 +499,8 @@ impl FastAck {
         }
         let tracts = &self.striping.tracts(op.offset, op.data.len());
         let guard =
-            retry::until_landed(&self.env, "setting a write's intent bits", || intent.enter(tracts)).await?;
+            retry::until_landed(&self.env, "setting a write's intent bits", self, || intent.enter(tracts))
+                .await?;
         if let Some(f) = self.lock().inflight.get_mut(&op.seq) {
             f.intent = Some(guard);
         }

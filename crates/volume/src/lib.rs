@@ -128,7 +128,8 @@ fn fenced_message(newest: u64) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
     /// A tractserver's disk is full: nothing lands until space is freed
-    /// or servers are added.
+    /// or servers are added (an engine retries, refusing new writes and
+    /// flushes meanwhile).
     NoSpace,
     /// The request lies past the end of the volume.
     OutOfRange,
@@ -142,14 +143,6 @@ pub enum ErrorKind {
     /// The blob store could not be reached or did not answer in time:
     /// retrying later may work.
     Unavailable,
-}
-
-impl ErrorKind {
-    /// Whether retrying cannot help: an engine that acknowledged a write
-    /// fails (and reports it) instead of retrying it forever.
-    pub fn is_permanent(self) -> bool {
-        !matches!(self, ErrorKind::Unavailable)
-    }
 }
 
 impl VolumeError {

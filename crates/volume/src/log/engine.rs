@@ -15,8 +15,9 @@ use super::perm::Permutation;
 use super::record::{decode_header, encode_header, BlockHeader, Checkpoint, Kind, HEADER_LEN, UNMAPPED};
 use crate::cache::{Data, WriteCache};
 use crate::io::BlobIo;
+use crate::retry::{self, Refusal};
 use crate::superblock::{ExposureLimits, LogExtent, LogGeometry, LOG_EXTENTS_MAX};
-use crate::{retry, PlantedBug, VolumeError};
+use crate::{PlantedBug, VolumeError};
 
 /// Where the log lives in the blob.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,13 +200,30 @@ struct State {
     /// some replicas, so this incarnation must not write under either
     /// geometry; reopening settles the superblock and picks one.
     fenced: Option<String>,
-    /// Set once a record or checkpoint can never land: another process
-    /// claimed the volume (`VolumeError::Fenced`, `intent::claim`), or the
-    /// blob store refused it for good (a full disk:
-    /// `retry::until_landed`). Every later change and flush of this
-    /// incarnation fails with it; the record stays unapplied, so the map
-    /// never passes it.
-    failed: Option<VolumeError>,
+    /// Whether changes and flushes are refused (`retry`): for good once a
+    /// record or checkpoint can never land (another process claimed the
+    /// volume: `VolumeError::Fenced`, `intent::claim`), or while one is
+    /// stuck on a full disk. The record stays unapplied meanwhile, so the
+    /// map never passes it.
+    refusal: Refusal,
+}
+
+/// Changes and flushes fail while a record is stuck on a full disk, and
+/// go on once it lands.
+impl retry::Stuck for LogEngine {
+    fn stuck(&self, e: VolumeError) {
+        let first = self.lock().refusal.stuck(e.clone());
+        if first {
+            tracing::error!(error = %e, "{}", retry::STUCK);
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn unstuck(&self) {
+        if self.lock().refusal.unstuck() {
+            tracing::info!("the log writes stuck on a full disk landed; writes and flushes go on");
+        }
+    }
 }
 
 pub struct LogEngine {
@@ -295,7 +313,7 @@ impl LogEngine {
             free_gen: 0,
             out_bytes: 0,
             fenced: None,
-            failed: None,
+            refusal: Refusal::default(),
         };
         let rolled = roll_forward(&io, &mut st, planted).await?;
         tracing::debug!(checkpoint = ckpt.seq, rolled, next_lsn = st.next_lsn, "log volume recovered");
@@ -331,9 +349,7 @@ impl LogEngine {
     }
 
     fn fenced(st: &State) -> Result<(), VolumeError> {
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
+        st.refusal.check()?;
         match &st.fenced {
             None => Ok(()),
             Some(why) => Err(VolumeError::Unsupported(format!(
@@ -349,11 +365,7 @@ impl LogEngine {
         if e.kind() != crate::ErrorKind::Fenced {
             tracing::error!(error = %e, "{}", retry::FAILED);
         }
-        let e = match e.fenced_by() {
-            Some(newest) => VolumeError::Fenced { newest },
-            None => e,
-        };
-        self.lock().failed.get_or_insert(e);
+        self.lock().refusal.fail(e);
         self.changed.notify_waiters();
     }
 
@@ -507,7 +519,8 @@ impl LogEngine {
                 let expanded = expanded.freeze();
                 let io = &me.io;
                 let written =
-                    retry::until_landed(&me.env, "log write", || io.write(tract, at, expanded.clone())).await;
+                    retry::until_landed(&me.env, "log write", &*me, || io.write(tract, at, expanded.clone()))
+                        .await;
                 if let Err(e) = written {
                     // Never lands: the record stays unapplied.
                     tracing::debug!(lsn, "log record refused for good");
@@ -718,7 +731,8 @@ impl LogEngine {
         };
         let (io, geom, c) = (&self.io, &geom, &c);
         if let Err(e) =
-            retry::until_landed(&self.env, "checkpoint write", || write_checkpoint(io, geom, c)).await
+            retry::until_landed(&self.env, "checkpoint write", &**self, || write_checkpoint(io, geom, c))
+                .await
         {
             self.lock().quiescing = false;
             self.fail(e);
