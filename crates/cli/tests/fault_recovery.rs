@@ -69,29 +69,8 @@ fn start_cluster(dir: &Path, metrics: &str) -> Procs {
 
 /// Starts tractserver `i` on a new disk (the caller waits for it to listen).
 fn spawn_tractserver(procs: &mut Procs, dir: &Path, i: usize) {
-    let meta_addr = procs.meta.addr.clone();
-    {
-        let disk = dir.join(format!("ts{i}.disk")).display().to_string();
-        let args: Vec<String> = [
-            "tractserver",
-            "--disk",
-            &disk,
-            "--create-size",
-            "256MiB",
-            "--meta",
-            &meta_addr,
-            // Port 0: the kernel picks, so nothing can take the port between
-            // choosing and binding it; the address comes from the log.
-            "--listen",
-            "127.0.0.1:0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let name = format!("ts{i}");
-        let log = dir.join(format!("{name}.log"));
-        procs.ts.push(Proc::spawn(&name, &args, log, String::new()));
-    }
+    let meta = procs.meta.addr.clone();
+    procs.ts.push(common::spawn_tractserver(dir, &meta, i, "256MiB"));
 }
 
 /// A tractserver still running, chosen at random.

@@ -790,26 +790,30 @@ pub fn spawn_meta(dir: &Path, addrs: &[String], i: usize, replication: u8, tract
 /// `n` tractservers of the metadata service `meta`, each on a disk file
 /// of `disk_size` in `dir`, listening on ports of their choosing.
 pub fn spawn_tractservers(dir: &Path, meta: &str, n: usize, disk_size: &str) -> Vec<Proc> {
-    (0..n)
-        .map(|i| {
-            let disk = dir.join(format!("ts{i}.disk")).display().to_string();
-            let args: Vec<String> = [
-                "tractserver",
-                "--disk",
-                &disk,
-                "--create-size",
-                disk_size,
-                "--meta",
-                meta,
-                "--listen",
-                "127.0.0.1:0",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
-        })
-        .collect()
+    (0..n).map(|i| spawn_tractserver(dir, meta, i, disk_size)).collect()
+}
+
+/// Tractserver `i` of the metadata service `meta`, on disk file `ts{i}.disk`
+/// of `disk_size` in `dir` (created if new). Port 0: the kernel picks, so
+/// nothing can take the port between choosing and binding it; the address
+/// comes from the log (the caller waits for it to listen).
+pub fn spawn_tractserver(dir: &Path, meta: &str, i: usize, disk_size: &str) -> Proc {
+    let disk = dir.join(format!("ts{i}.disk")).display().to_string();
+    let args: Vec<String> = [
+        "tractserver",
+        "--disk",
+        &disk,
+        "--create-size",
+        disk_size,
+        "--meta",
+        meta,
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
 }
 
 /// Runs `blizzard ARGS` to completion: (success, stdout + stderr).
