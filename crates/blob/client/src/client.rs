@@ -484,6 +484,14 @@ impl Client {
             Err((e, _)) => return Err(e),
         };
         let b = Blob::new(self.clone(), old);
+        // The tracts' deletes pass every writer fence of this incarnation
+        // (its writers raised one on each replica they wrote: a delete with
+        // no epoch was refused, and the tracts stayed, unreachable) and
+        // fence out any request of those writers still on its way. Safe:
+        // the metadata delete above has committed, so this incarnation has
+        // no writer any more, and fences are per incarnation, so a blob
+        // created again under this id starts unfenced.
+        b.set_writer(u64::MAX);
         let sem = Arc::new(Semaphore::new(self.simultaneous_limit().max(1)));
         let mut tasks = Vec::new();
         for t in 0..old.size_tracts {
