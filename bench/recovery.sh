@@ -5,7 +5,7 @@
 #
 # For 4, 8 and 16 tractservers in one process (3-way, 8 MiB tracts, 100 ms
 # heartbeats, so a silent server is declared dead after 1 s): write DATA of
-# 3-way blobs, cap every tractserver's injected disk at 30 MB/s, stop one
+# 3-way blobs, cap every tractserver's modelled disk (blizzard_env::DiskModel) at 30 MB/s, stop one
 # tractserver, and time until every row is fully replicated again. All
 # tractservers share this machine's one disk and two CPUs, so the caps stand
 # in for separate disks; a second, uncapped run of 16 tractservers shows

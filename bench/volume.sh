@@ -14,7 +14,7 @@
 #     lose (the paper's Figures 13-14).
 # (c) seqread: 1 GiB read sequentially in 1 MiB requests at QD 4 from
 #     volumes striped with segments of 1 and of 128 tracts over 8
-#     tractservers whose injected disks serve one request at a time
+#     tractservers whose modelled disks (DiskModel) serve one request at a time
 #     (1 ms per request + 100 MiB/s transfer).
 #
 # Everything (client and tractservers) runs in one process; the CPU column

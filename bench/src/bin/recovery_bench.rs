@@ -4,9 +4,9 @@
 //! went per surviving tractserver).
 //!
 //! Every tractserver runs in this process on files of one physical disk, so
-//! each is given an injected disk of `--cap-mbps` (the tractserver's
-//! `io_bandwidth`: every tract read and write, and both ends of every copy,
-//! book their bytes on that server's own transfer timeline) standing in for
+//! each is given a modelled disk of `--cap-mbps` (`blizzard_env::DiskModel`:
+//! every disk read and write, so both ends of every copy, books its bytes
+//! on that server's own transfer timeline) standing in for
 //! a disk of its own. The data is written uncapped, the caps are set, and
 //! only then is the victim stopped. `--cap-mbps 0` runs uncapped: what this
 //! machine can do, which must be well above N × cap for the capped figures
@@ -33,7 +33,7 @@ use blizzard_core::limits::CHUNK_SIZE;
 use blizzard_core::tlt::locator;
 use blizzard_core::units::parse_size;
 use blizzard_core::TsId;
-use blizzard_env::Env;
+use blizzard_env::{DiskModel, Env};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -278,6 +278,9 @@ async fn run(a: &Args, n: usize, dir: &Path, late: &Lateness) -> Result<Option<O
     cfg.disk_size = (per_ts * 3 / 2 + 16).min(per_ts_max) * TRACT + (64 << 20);
     cfg.heartbeat_interval = Duration::from_millis(a.heartbeat_ms);
     cfg.unix_sockets = true;
+    // Uncapped while the data is written; capped before the victim stops.
+    let model = DiskModel::new(Duration::ZERO, 0, 0);
+    cfg.disk_model = Some(model.clone());
     let env = Env::real();
     let mut cluster = Cluster::start(env, cfg).await.context("starting the cluster")?;
     // New disk files are zero-filled in the background first; measuring
@@ -327,11 +330,7 @@ async fn run(a: &Args, n: usize, dir: &Path, late: &Lateness) -> Result<Option<O
     }
 
     let cap = (a.cap_mbps * 1e6) as u64;
-    for i in 0..n {
-        if let Some(h) = cluster.tractserver(i) {
-            h.service.set_io_bandwidth(cap);
-        }
-    }
+    model.set_bandwidth(cap);
     let victim_id = cluster.tractserver(a.victim).context("victim is not running")?.id;
     let lost_per_row = bytes_per_row(&cluster, a.victim).await?;
     let lost: u64 = lost_per_row.values().sum();
@@ -464,11 +463,7 @@ async fn run(a: &Args, n: usize, dir: &Path, late: &Lateness) -> Result<Option<O
     };
 
     if a.verify {
-        for i in 0..n {
-            if let Some(h) = cluster.tractserver(i) {
-                h.service.set_io_bandwidth(0);
-            }
-        }
+        model.set_bandwidth(0);
         let t = Instant::now();
         verify(&blobs).await.context("verifying replicas after recovery")?;
         eprintln!(

@@ -29,7 +29,7 @@ use blizzard_bench::cpu_seconds;
 use blizzard_client::Client;
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::parse_size;
-use blizzard_env::Env;
+use blizzard_env::{DiskModel, Env};
 use blizzard_volume::{manage, CommitMode, FlushPolicy, Volume, VolumeSpec};
 
 #[global_allocator]
@@ -153,9 +153,7 @@ impl Bench {
         cfg.tractservers = a.tractservers;
         cfg.replication = 1;
         cfg.disk_size = 4 << 30;
-        cfg.io_delay = delay;
-        cfg.io_arms = a.arms;
-        cfg.io_bandwidth = a.disk_bandwidth;
+        cfg.disk_model = Some(DiskModel::new(delay, a.arms, a.disk_bandwidth));
         cfg.unix_sockets = a.unix_sockets;
         let env = Env::real();
         let cluster = Cluster::start(env.clone(), cfg).await.context("starting the embedded cluster")?;

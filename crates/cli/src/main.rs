@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use blizzard_client::{Client, ClientConfig};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::{format_size, parse_size};
-use blizzard_env::Env;
+use blizzard_env::{DiskModel, Env};
 use blizzard_metaserver::replica::GroupConfig;
 use blizzard_metaserver::server::MetaConfig;
 use blizzard_proto::ClusterStatus;
@@ -199,7 +199,8 @@ enum Cmd {
         /// Create the disk file with this size if it does not exist.
         #[arg(long, value_parser = size)]
         create_size: Option<u64>,
-        /// Delay added to each tract read and write (benchmarks only).
+        /// Model a slower disk: this delay added to each of the disk's reads
+        /// and writes (benchmarks only).
         #[arg(long, default_value_t = 0.0)]
         io_delay_ms: f64,
         /// Megabytes per second the scrubber re-reads to find and repair
@@ -609,7 +610,10 @@ async fn run(cli: Cli) -> Result<()> {
             if !(0.0..=10_000.0).contains(&io_delay_ms) {
                 bail!("--io-delay-ms must be between 0 and 10000");
             }
-            cfg.io_delay = Duration::from_secs_f64(io_delay_ms / 1000.0);
+            if io_delay_ms > 0.0 {
+                let latency = Duration::from_secs_f64(io_delay_ms / 1000.0);
+                cfg.disk_model = Some(DiskModel::new(latency, 0, 0));
+            }
             cfg.scrub_bandwidth = scrub_mbps.saturating_mul(1_000_000);
             cfg.fill_bandwidth = fill_mbps.saturating_mul(1_000_000);
             cfg.metrics_listen = metrics;

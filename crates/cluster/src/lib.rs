@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use blizzard_client::{Client, ClientConfig, ClientError};
 use blizzard_core::limits::TRACT_SIZE_DEFAULT;
-use blizzard_env::Env;
+use blizzard_env::{DiskModel, Env};
 use blizzard_metaserver::replica::{GroupConfig, Timing};
 use blizzard_metaserver::server::{self as meta, MetaConfig, MetaError, MetaHandle};
 use blizzard_tractserver::{self as ts, TractServerConfig, TractServerError, TractServerHandle};
@@ -38,12 +38,10 @@ pub struct ClusterConfig {
     /// costs less per message than TCP loopback.
     pub unix_sockets: bool,
     pub heartbeat_interval: Duration,
-    /// Delay injected into each tract read and write (benchmarks).
-    pub io_delay: Duration,
-    /// Requests each tractserver serves through the delay at once (0: no limit).
-    pub io_arms: u32,
-    /// Bytes per second each tractserver's injected disk transfers (0: no limit).
-    pub io_bandwidth: u64,
+    /// Each tractserver's disk, modelled slower than the real one
+    /// (`blizzard_env::DiskModel`; benchmarks). The transfer rate is shared:
+    /// `DiskModel::set_bandwidth` on this changes every tractserver's.
+    pub disk_model: Option<DiskModel>,
     /// Per tractserver, bytes per second copied while re-replicating.
     pub fill_bandwidth: u64,
     /// Per tractserver, bytes per second the scrubber checks (0: off).
@@ -63,9 +61,7 @@ impl ClusterConfig {
             host: "127.0.0.1".into(),
             unix_sockets: false,
             heartbeat_interval: Duration::from_millis(200),
-            io_delay: Duration::ZERO,
-            io_arms: 0,
-            io_bandwidth: 0,
+            disk_model: None,
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
         }
@@ -242,9 +238,7 @@ impl Cluster {
         t.disk_size = Some(self.cfg.disk_size);
         t.failure_domain = format!("ts-{i}");
         t.heartbeat_interval = self.cfg.heartbeat_interval;
-        t.io_delay = self.cfg.io_delay;
-        t.io_arms = self.cfg.io_arms;
-        t.io_bandwidth = self.cfg.io_bandwidth;
+        t.disk_model = self.cfg.disk_model.clone();
         t.fill_bandwidth = self.cfg.fill_bandwidth;
         t.scrub_bandwidth = self.cfg.scrub_bandwidth;
         let h = ts::start(self.env.clone(), t)

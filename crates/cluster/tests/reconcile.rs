@@ -19,7 +19,7 @@ use blizzard_client::{Blob, Client, ClientError};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::crc::piece_crcs;
 use blizzard_core::TractNo;
-use blizzard_env::{Disk, Disks, Env};
+use blizzard_env::{Disk, DiskModel, Disks, Env};
 use blizzard_proto::{Reply, Request, TractAddr};
 
 const TRACT: u32 = 64 << 10;
@@ -46,7 +46,7 @@ async fn cluster_on(dir: &tempfile::TempDir, io_delay: Duration, env: Env, unix_
     cfg.tract_size = TRACT;
     cfg.disk_size = 32 << 20;
     cfg.heartbeat_interval = Duration::from_millis(50);
-    cfg.io_delay = io_delay;
+    cfg.disk_model = (!io_delay.is_zero()).then(|| DiskModel::new(io_delay, 0, 0));
     cfg.unix_sockets = unix_sockets;
     Cluster::start(env, cfg).await.unwrap()
 }
@@ -310,9 +310,10 @@ async fn an_older_writer_is_fenced_once_a_newer_one_digested() -> R {
 
 /// A change of an older writer that was admitted on arrival, but reaches
 /// the tract only after a newer writer's digest raised the fence (here it
-/// waits out an injected disk delay in between), is refused when it gets
-/// there: the fence is checked again under the tract's lock, the lock the
-/// digest takes, so the digest saw everything that will ever land.
+/// waits for the tract's lock, held by an earlier write sitting in a slow
+/// modelled disk), is refused when it gets there: the fence is checked
+/// again under the tract's lock, the lock the digest takes, so the digest
+/// saw everything that will ever land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_that_arrives_before_the_fence_but_lands_after_is_refused() -> R {
     let dir = tempfile::tempdir()?;
@@ -336,25 +337,42 @@ async fn a_change_that_arrives_before_the_fence_but_lands_after_is_refused() -> 
     let receipt = created.write_cached(0, 0, old.slice(0..4096)).await?;
     created.sync(receipt).await?;
 
+    let wait_inflight = |n: u32| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        async move {
+            while inflight() < n {
+                assert!(std::time::Instant::now() < deadline, "a write never reached its replicas");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    // Writer 4's first write takes the tract's lock on every replica and
+    // waits for the disk there; its second is admitted (it is counted in
+    // flight from before its first check) and waits for the lock.
+    let first = client.open_blob(created.id()).await?;
+    first.set_writer(4);
+    let landed = Bytes::from(pattern(2, 4096));
+    let lands = landed.clone();
+    let first = tokio::spawn(async move { first.write(0, 0, lands).await });
+    wait_inflight(3).await;
     let b = client.open_blob(created.id()).await?;
     b.set_writer(4);
-    let late = tokio::spawn(async move { b.write(0, 0, Bytes::from(pattern(2, 4096))).await });
-    // Every replica has admitted the write (it is counted in flight from
-    // before its first check) and now waits for the disk.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while inflight() < 3 {
-        assert!(std::time::Instant::now() < deadline, "the write never reached its replicas");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let late = tokio::spawn(async move { b.write(0, 0, Bytes::from(pattern(3, 4096))).await });
+    wait_inflight(6).await;
     let a = client.open_blob(created.id()).await?;
     a.set_writer(5);
     a.reconcile(0).await?;
+    // The first write was checked before the fence rose and the digest
+    // waited for it; the second was checked again under the lock.
+    first.await??;
     match late.await? {
         Err(ClientError::Fenced { newest: 5, .. }) => {}
         other => panic!("a write of writer 4 landing after writer 5's digest: {other:?}"),
     }
+    let mut want = old.to_vec();
+    want[..4096].copy_from_slice(&landed);
     for r in a.read_replicas(0, 0, TRACT).await? {
-        assert!(r == old, "the fenced write changed a replica after the digest");
+        assert!(r[..] == want[..], "the fenced write changed a replica after the digest");
     }
     c.stop().await;
     Ok(())

@@ -9,6 +9,7 @@
 
 mod group_commit;
 mod local;
+mod model;
 mod real;
 mod zero_fill;
 
@@ -24,6 +25,7 @@ pub use tokio::time::Instant;
 
 pub use group_commit::GroupCommit;
 pub use local::LocalNet;
+pub use model::DiskModel;
 pub use real::{RealClock, RealDisks, RealNet, RealRng};
 
 /// A byte stream to a peer: TCP, unix socket or simulated link.

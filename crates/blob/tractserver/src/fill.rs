@@ -312,7 +312,6 @@ impl TractService {
             }
             return Ok(());
         }
-        self.injected_delay(c.data.len() as u64).await;
         self.pace(c.data.len() as u64).await;
         let mut at = 0usize;
         for (first, n) in &c.runs {
@@ -419,7 +418,6 @@ impl TractService {
             crcs.extend(c);
             i += n;
         }
-        self.injected_delay(data.len() as u64).await;
         Ok((Reply::TractCopy { incarnation: inc, bitmap, crcs }, Bytes::from(data)))
     }
 

@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blizzard_core::TsId;
-use blizzard_env::Env;
+use blizzard_env::{DiskModel, Env};
 use blizzard_proto::codec::decode;
 use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
 use blizzard_rpc::{serve, MetaService, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
 use crate::layout::LayoutError;
 use crate::rows::{Standing, Turn};
-use crate::service::{InjectedDisk, RowIndex, TractService};
+use crate::service::{RowIndex, TractService};
 use crate::store::{Store, StoreError};
 
 #[derive(Clone, Debug)]
@@ -34,12 +34,9 @@ pub struct TractServerConfig {
     pub failure_domain: String,
     pub heartbeat_interval: Duration,
     pub request_timeout: Duration,
-    /// Delay injected before each tract read and write (benchmarks only).
-    pub io_delay: Duration,
-    /// Requests that may sit in the injected delay at once (0: no limit).
-    pub io_arms: u32,
-    /// Bytes per second the injected disk transfers (0: no limit).
-    pub io_bandwidth: u64,
+    /// A slower disk than the real one, modelled on top of it (latency,
+    /// arms, bandwidth; `blizzard_env::DiskModel`): benchmarks only.
+    pub disk_model: Option<DiskModel>,
     /// Bytes per second copied when re-replicating rows (0: no limit).
     pub fill_bandwidth: u64,
     /// Bytes per second the scrubber re-reads and checks (0: off).
@@ -63,9 +60,7 @@ impl TractServerConfig {
             failure_domain: String::new(),
             heartbeat_interval: Duration::from_millis(500),
             request_timeout: Duration::from_secs(10),
-            io_delay: Duration::ZERO,
-            io_arms: 0,
-            io_bandwidth: 0,
+            disk_model: None,
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
             metrics_listen: None,
@@ -126,6 +121,10 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         .open_disk(&cfg.disk, cfg.disk_size)
         .await
         .map_err(|error| TractServerError::Disk { path: path.clone(), error })?;
+    let disk = match &cfg.disk_model {
+        Some(model) => model.wrap(&env, disk),
+        None => disk,
+    };
     let store = match Store::open(disk.clone()).await {
         Ok(s) => s,
         Err(StoreError::Layout(LayoutError::Unformatted)) => {
@@ -156,14 +155,8 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     // Nothing is served before the metadata server has answered a
     // heartbeat: this server may have been declared dead while it was down.
     service.update_standing(|s| *s = Standing::awaiting(env.now()));
-    service.io_delay = cfg.io_delay;
-    service.set_io_bandwidth(cfg.io_bandwidth);
     service.fill_bandwidth = cfg.fill_bandwidth;
     service.scrub_bandwidth = cfg.scrub_bandwidth;
-    service.io_disk = std::sync::Mutex::new(InjectedDisk {
-        arms_free_at: vec![None; cfg.io_arms as usize],
-        pipe_free_at: None,
-    });
     let service = Arc::new(service);
     let metas =
         service.load_metas().await.map_err(|error| TractServerError::Store { path: path.clone(), error })?;

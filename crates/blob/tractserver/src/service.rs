@@ -36,29 +36,12 @@ use crate::rows::{check_data_tract, Standing, Turn};
 pub use crate::rows::{RowIndex, BLOB_TRACTS_MAX};
 use crate::store::{Durability, Store, StoreError, TractWrite};
 
-/// The booking state of the injected disk (see `injected_delay`).
-#[derive(Default)]
-pub struct InjectedDisk {
-    /// When each arm is next free; empty means unlimited arms.
-    pub arms_free_at: Vec<Option<blizzard_env::Instant>>,
-    /// When the shared transfer pipe is next free (unlimited arms).
-    pub pipe_free_at: Option<blizzard_env::Instant>,
-}
-
 pub struct TractService {
     pub env: Env,
     pub store: Arc<Store>,
     pub rows: RwLock<RowIndex>,
     /// Other tractservers and the metadata service (`peers`).
     pub peers: Peers,
-    /// Injected delay before every tract read and write: stands in for a
-    /// remote disk's seek and network time in benchmarks.
-    pub io_delay: Duration,
-    /// Bytes per second of the injected disk's transfer (0: unlimited).
-    /// Atomic so a benchmark can fill a cluster at full speed and then cap
-    /// every disk (`set_io_bandwidth`) without restarting the servers.
-    io_bandwidth: AtomicU64,
-    pub io_disk: Mutex<InjectedDisk>,
     /// Blob metadata records, prepared changes, serialization
     /// (`blob_meta`).
     metas: BlobMetas,
@@ -117,9 +100,6 @@ impl TractService {
             env,
             store,
             rows: RwLock::new(rows),
-            io_delay: Duration::ZERO,
-            io_bandwidth: AtomicU64::new(0),
-            io_disk: Mutex::new(InjectedDisk::default()),
             metas: BlobMetas::default(),
             inflight: AtomicU32::new(0),
             standing: Mutex::new(Standing::unleased()),
@@ -264,61 +244,6 @@ impl TractService {
         }
     }
 
-    /// Bytes per second of the injected disk's transfer (0: unlimited).
-    pub fn io_bandwidth(&self) -> u64 {
-        self.io_bandwidth.load(Ordering::Relaxed)
-    }
-
-    /// Changes the injected disk's transfer rate (0: unlimited), for
-    /// benchmarks that load data at full speed and then measure under a cap.
-    pub fn set_io_bandwidth(&self, bytes_per_sec: u64) {
-        self.io_bandwidth.store(bytes_per_sec, Ordering::Relaxed);
-    }
-
-    /// The benchmarks' stand-in for a remote disk: a fixed latency per
-    /// request (seek and network), then the transfer at `io_bandwidth`.
-    /// With arms, a request occupies one arm for its latency and transfer,
-    /// so requests beyond the arm count queue as they do at a disk; without,
-    /// latencies overlap and transfers share one pipe. Each request books
-    /// its interval on a virtual timeline and sleeps once until its end, so
-    /// timer granularity does not accumulate across queued requests.
-    pub(crate) async fn injected_delay(&self, len: u64) {
-        // Read once: a concurrent `set_io_bandwidth` applies from the next
-        // request on, and requests already booked keep their intervals.
-        let bandwidth = self.io_bandwidth.load(Ordering::Relaxed);
-        if self.io_delay.is_zero() && bandwidth == 0 {
-            return;
-        }
-        let transfer = match bandwidth {
-            0 => Duration::ZERO,
-            bw => Duration::from_secs_f64(len as f64 / bw as f64),
-        };
-        let now = self.env.now();
-        let end = {
-            let mut d = self.io_disk.lock().unwrap_or_else(|p| p.into_inner());
-            if d.arms_free_at.is_empty() {
-                let start = d.pipe_free_at.map_or(now + self.io_delay, |t| t.max(now + self.io_delay));
-                d.pipe_free_at = Some(start + transfer);
-                start + transfer
-            } else {
-                let (i, free) = d
-                    .arms_free_at
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, t)| **t)
-                    .map(|(i, t)| (i, *t))
-                    .unwrap_or((0, None));
-                let start = free.map_or(now, |t| t.max(now));
-                let end = start + self.io_delay + transfer;
-                d.arms_free_at[i] = Some(end);
-                end
-            }
-        };
-        if end > now {
-            self.env.sleep(end - now).await;
-        }
-    }
-
     /// The dispatcher: one function per opcode below.
     async fn handle(
         self: Arc<Self>,
@@ -412,7 +337,6 @@ impl TractService {
         caller: &Caller,
     ) -> Result<Reply, ErrorReply> {
         self.admit_change(addr).await?;
-        self.injected_delay(data.len() as u64).await;
         let reply = match durable {
             Durability::Synced => Reply::Done,
             Durability::Cached => Reply::Boot { boot: self.boot },
@@ -446,8 +370,6 @@ impl TractService {
 
     /// `SyncDisk`: makes every cached write durable.
     async fn sync_disk(&self) -> Result<Reply, ErrorReply> {
-        // A sync is a round trip to the (injected) disk too.
-        self.injected_delay(0).await;
         self.store.sync().await.map_err(store_err)?;
         Ok(Reply::Boot { boot: self.boot })
     }
@@ -459,7 +381,6 @@ impl TractService {
         len: u32,
     ) -> Result<(Reply, Bytes), ErrorReply> {
         self.data_check(addr).and_then(|_| self.check_copied(addr.blob, addr.tract))?;
-        self.injected_delay(len as u64).await;
         let (data, crcs) =
             self.store.read(addr.blob, addr.incarnation, addr.tract, offset, len).await.map_err(store_err)?;
         Ok((Reply::Read { crcs }, data))
