@@ -531,7 +531,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         // repair it. (Not during the writes, for the same reason: while
         // servers crash and rows copy, the rotted replica may be a row's
         // only complete one. A partial write into a rotted chunk heals it
-        // from another replica first, `TractService::heal_chunk`.)
+        // from another replica first, `Healer::heal_chunk`.)
         if flips_due && probe.replicated.load(Ordering::Relaxed) == cfg.clients as u64 {
             flips_due = false;
             let mut hosts: Vec<usize> = (0..total).collect();

@@ -428,7 +428,7 @@ async fn flipped_byte_is_caught_and_served_from_another_replica() -> R {
         let retries = client.stats().retries.load(std::sync::atomic::Ordering::Relaxed);
         b.write(0, at as u32 - 100, Bytes::from(piece.clone())).await?;
         // On the first try: the two damaged replicas each heal from the
-        // other without asking each other in a loop (`scrub::Heals`;
+        // other without asking each other in a loop (`heal::Heals`;
         // without it each write took two 10 s request timeouts).
         assert_eq!(client.stats().retries.load(std::sync::atomic::Ordering::Relaxed), retries);
         want[at - 100..at + 200].copy_from_slice(&piece);

@@ -381,7 +381,13 @@ async fn the_scrubber_repairs_bit_rot_from_other_replicas() -> R {
         }
         let repaired: u64 = (0..c.tractserver_count())
             .map(|i| {
-                c.tractserver(i).unwrap().service.scrub.repaired.load(std::sync::atomic::Ordering::Relaxed)
+                c.tractserver(i)
+                    .unwrap()
+                    .service
+                    .scrub
+                    .stats()
+                    .repaired
+                    .load(std::sync::atomic::Ordering::Relaxed)
             })
             .sum();
         if repaired >= damaged {
@@ -393,7 +399,7 @@ async fn the_scrubber_repairs_bit_rot_from_other_replicas() -> R {
     }
     model.verify_replicas().await?;
     // The orphans go (after two passes agree), and nothing else does.
-    let scrub = &c.tractserver(0).unwrap().service.scrub;
+    let scrub = c.tractserver(0).unwrap().service.scrub.stats();
     while scrub.orphans_freed.load(std::sync::atomic::Ordering::Relaxed) < 4 {
         assert!(std::time::Instant::now() < deadline + Duration::from_secs(30), "orphans not freed");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -401,7 +407,13 @@ async fn the_scrubber_repairs_bit_rot_from_other_replicas() -> R {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let freed: u64 = (0..c.tractserver_count())
         .map(|i| {
-            c.tractserver(i).unwrap().service.scrub.orphans_freed.load(std::sync::atomic::Ordering::Relaxed)
+            c.tractserver(i)
+                .unwrap()
+                .service
+                .scrub
+                .stats()
+                .orphans_freed
+                .load(std::sync::atomic::Ordering::Relaxed)
         })
         .sum();
     assert_eq!(freed, 4, "the scrubber freed tracts of live blobs");

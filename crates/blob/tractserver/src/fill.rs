@@ -41,9 +41,13 @@ use blizzard_proto::{
 };
 use blizzard_rpc::Shutdown;
 
-use crate::blob_meta::decode_meta;
-use crate::service::{store_err, TractService};
-use crate::store::{Durability, StoreError, TractWrite};
+use blizzard_env::Env;
+
+use crate::blob_meta::{decode_meta, BlobMetas};
+use crate::heal::Healer;
+use crate::peers::Peers;
+use crate::rows::SharedRows;
+use crate::store::{store_err, Durability, Store, StoreError, TractWrite};
 
 /// Tracts one newcomer copies at once, over all the rows it fills. Each
 /// holds up to a tract in memory; recovery's parallelism comes mostly from
@@ -88,14 +92,14 @@ type CopyLock = Arc<tokio::sync::Mutex<()>>;
 
 /// This server's rows being filled.
 #[derive(Default)]
-pub struct Fills {
+struct Fills {
     rows: Mutex<HashMap<u32, RowFill>>,
     /// Fast path: no row is being filled (almost always).
     any: AtomicBool,
     locks: Mutex<HashMap<(BlobId, TractNo), CopyLock>>,
     bytes_done: AtomicU64,
     wake: Notify,
-    /// When the copy budget is next free (see `TractService::fill_bandwidth`).
+    /// When the copy budget is next free (see `Filler::bandwidth`).
     paced_until: Mutex<Option<blizzard_env::Instant>>,
     copy_slots: CopySlots,
 }
@@ -212,14 +216,57 @@ fn parse_copy(
     Some(Copied { incarnation, runs, crcs, data })
 }
 
-impl TractService {
+/// The newcomer's side of re-replication and the source's: copies the
+/// rows this server fills, and serves copies and listings to others.
+pub struct Filler {
+    env: Env,
+    store: Arc<Store>,
+    peers: Arc<Peers>,
+    rows: Arc<SharedRows>,
+    metas: Arc<BlobMetas>,
+    healer: Arc<Healer>,
+    fills: Fills,
+    /// Bytes per second copied when filling rows (0: no limit): keeps
+    /// recovery from starving client I/O.
+    bandwidth: u64,
+}
+
+impl Filler {
+    pub(crate) fn new(
+        env: Env,
+        store: Arc<Store>,
+        peers: Arc<Peers>,
+        rows: Arc<SharedRows>,
+        metas: Arc<BlobMetas>,
+        healer: Arc<Healer>,
+        bandwidth: u64,
+    ) -> Filler {
+        Filler { env, store, peers, rows, metas, healer, fills: Fills::default(), bandwidth }
+    }
+
+    /// Follows a new assignment (`Fills::update`).
+    pub fn update(&self, me: TsId, a: &Assignment) {
+        self.fills.update(me, a)
+    }
+
+    /// Whether this server may list the blobs of `row`'s metadata: it is
+    /// filling the row and has copied all of it.
+    pub fn row_complete(&self, row: u32) -> bool {
+        self.fills.row_complete(row)
+    }
+
+    /// Rows copied completely (for the heartbeat) and progress.
+    pub fn report(&self) -> (Vec<RowRef>, FillProgress) {
+        self.fills.report()
+    }
+
     /// If `tract` of `blob` is in a row this server is filling and not yet
     /// copied: the row, its version and where to copy from.
-    pub(crate) fn copy_pending(&self, blob: BlobId, tract: TractNo) -> Option<(u32, u64, Vec<TsId>)> {
+    pub fn copy_pending(&self, blob: BlobId, tract: TractNo) -> Option<(u32, u64, Vec<TsId>)> {
         if !self.fills.any.load(Ordering::Acquire) {
             return None;
         }
-        let len = self.tlt_len();
+        let len = self.rows.tlt_len();
         if len == 0 {
             return None;
         }
@@ -230,7 +277,7 @@ impl TractService {
     }
 
     /// Refuses a read of a tract not copied here yet.
-    pub(crate) fn check_copied(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
+    pub fn check_copied(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
         match self.copy_pending(blob, tract) {
             None => Ok(()),
             Some((row, _, _)) => Err(ErrorReply::new(
@@ -242,7 +289,7 @@ impl TractService {
 
     /// Copies a tract of a row being filled here, unless done: called by
     /// every request that changes a tract, before it does.
-    pub(crate) async fn ensure_copied(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
+    pub async fn ensure_copied(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
         if self.copy_pending(blob, tract).is_none() {
             return Ok(());
         }
@@ -308,7 +355,7 @@ impl TractService {
         }
         if c.incarnation == 0 || c.runs.is_empty() {
             if tract.is_meta() {
-                self.forget_meta(blob);
+                self.metas.set(blob, None);
             }
             return Ok(());
         }
@@ -334,7 +381,9 @@ impl TractService {
         self.store.sync().await.map_err(store_err)?;
         if tract.is_meta() {
             match decode_meta(&c.data) {
-                Some(m) if m.blob == blob && m.incarnation == c.incarnation => self.remember_meta(m),
+                Some(m) if m.blob == blob && m.incarnation == c.incarnation => {
+                    self.metas.set(m.blob, Some(m))
+                }
                 _ => tracing::warn!(%blob, "copied metadata tract holds no valid record"),
             }
         }
@@ -345,14 +394,14 @@ impl TractService {
     /// Holds copying to `fill_bandwidth`: each copy books its bytes on one
     /// timeline and waits until its turn ends, so parallel copies share it.
     async fn pace(&self, len: u64) {
-        if self.fill_bandwidth == 0 {
+        if self.bandwidth == 0 {
             return;
         }
         let now = self.env.now();
         let end = {
             let mut p = lock(&self.fills.paced_until);
             let start = p.map_or(now, |t| t.max(now));
-            let end = start + Duration::from_secs_f64(len as f64 / self.fill_bandwidth as f64);
+            let end = start + Duration::from_secs_f64(len as f64 / self.bandwidth as f64);
             *p = Some(end);
             end
         };
@@ -362,14 +411,10 @@ impl TractService {
     }
 
     /// Serves `CopyTract`: the tract's present chunks with their CRCs.
-    pub(crate) async fn serve_copy(
-        &self,
-        row: u32,
-        row_version: u64,
-        t: RowTract,
-    ) -> Result<(Reply, Bytes), ErrorReply> {
-        self.check_source(row, row_version)?;
-        if locator(t.blob, t.tract, self.tlt_len()) as u32 != row {
+    /// The caller has checked that this server is a complete member of
+    /// `row` at the version asked (`TractService::check_source`).
+    pub async fn serve_copy(&self, row: u32, t: RowTract) -> Result<(Reply, Bytes), ErrorReply> {
+        if locator(t.blob, t.tract, self.rows.tlt_len()) as u32 != row {
             return Err(ErrorReply::new(
                 ErrorCode::BadRequest,
                 format!("tract {} is not in row {row}", t.tract),
@@ -404,10 +449,10 @@ impl TractService {
                 // Not while this server heals the tract itself: the asker
                 // may be the peer it asked (`scrub::Heals`).
                 Err(e @ StoreError::Corrupt { chunk, .. })
-                    if heals < present.len() && !self.heals.healing(t.blob, t.tract) =>
+                    if heals < present.len() && !self.healer.healing(t.blob, t.tract) =>
                 {
                     heals += 1;
-                    if self.heal_chunk(t.blob, inc, t.tract, chunk).await {
+                    if self.healer.heal_chunk(t.blob, inc, t.tract, chunk).await {
                         continue;
                     }
                     return Err(store_err(e));
@@ -421,15 +466,10 @@ impl TractService {
         Ok((Reply::TractCopy { incarnation: inc, bitmap, crcs }, Bytes::from(data)))
     }
 
-    /// Serves `ListRowTracts`: a page of the tracts this server holds in `row`.
-    pub(crate) fn serve_list(
-        &self,
-        row: u32,
-        row_version: u64,
-        after: Option<RowTract>,
-    ) -> Result<Reply, ErrorReply> {
-        self.check_source(row, row_version)?;
-        let len = self.tlt_len();
+    /// Serves `ListRowTracts`: a page of the tracts this server holds in
+    /// `row` (checked by the caller as for [`Filler::serve_copy`]).
+    pub fn serve_list(&self, row: u32, after: Option<RowTract>) -> Reply {
+        let len = self.rows.tlt_len();
         let after = after.map(|a| (a.blob, a.tract));
         let mut tracts: Vec<RowTract> = self
             .store
@@ -442,7 +482,7 @@ impl TractService {
             .collect();
         let more = tracts.len() > ROW_TRACTS_PAGE;
         tracts.truncate(ROW_TRACTS_PAGE);
-        Ok(Reply::RowTracts { tracts, more })
+        Reply::RowTracts { tracts, more }
     }
 
     /// Copies every row being filled here, all rows at once sharing
@@ -532,7 +572,7 @@ impl TractService {
     /// reads are served without asking whether a tract was copied, so such
     /// a tract must not outlive the fill.
     async fn purge_uncopied(&self, row: u32) -> Result<(), ErrorReply> {
-        let len = self.tlt_len();
+        let len = self.rows.tlt_len();
         let stale: Vec<(BlobId, TractNo)> = self
             .store
             .tracts()
@@ -551,7 +591,7 @@ impl TractService {
                         Some(inc) => {
                             tracing::info!(blob = %key.0, tract = %key.1, row, "freeing a stale tract the source does not hold");
                             if key.1.is_meta() {
-                                self.forget_meta(key.0);
+                                self.metas.set(key.0, None);
                             }
                             self.store.delete(key.0, inc, key.1).await.map(|_| ()).map_err(store_err)
                         }

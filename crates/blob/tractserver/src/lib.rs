@@ -16,6 +16,7 @@
 pub(crate) mod blob_meta;
 pub mod fence;
 pub mod fill;
+pub mod heal;
 pub mod layout;
 pub mod metrics;
 pub mod peers;

@@ -11,7 +11,7 @@ impl TractService {
         let (slots, used) = self.store.usage();
         let st = &self.store.stats;
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        let (filled, fill) = self.fills.report();
+        let (filled, fill) = self.fill.report();
         let serving = if self.check_serving_now() { 1.0 } else { 0.0 };
         blizzard_metrics::Text::new()
             .gauge("blizzard_tract_slots", "Tract slots on this disk.", slots as f64)
@@ -69,27 +69,35 @@ impl TractService {
                 "Bytes copied as a newcomer since start.",
                 fill.bytes_done as f64,
             )
-            .counter("blizzard_scrub_bytes_total", "Bytes the scrubber has checked.", n(&self.scrub.bytes))
-            .counter("blizzard_scrub_passes_total", "Full scrub passes over the disk.", n(&self.scrub.passes))
+            .counter(
+                "blizzard_scrub_bytes_total",
+                "Bytes the scrubber has checked.",
+                n(&self.scrub.stats().bytes),
+            )
+            .counter(
+                "blizzard_scrub_passes_total",
+                "Full scrub passes over the disk.",
+                n(&self.scrub.stats().passes),
+            )
             .counter(
                 "blizzard_scrub_damaged_total",
                 "Damaged chunks the scrubber found.",
-                n(&self.scrub.damaged),
+                n(&self.scrub.stats().damaged),
             )
             .counter(
                 "blizzard_scrub_repaired_total",
                 "Damaged chunks rewritten from another replica.",
-                n(&self.scrub.repaired),
+                n(&self.scrub.stats().repaired),
             )
             .counter(
                 "blizzard_scrub_unrepaired_total",
                 "Damaged chunks no replica could supply when found (retried).",
-                n(&self.scrub.unrepaired),
+                n(&self.scrub.stats().unrepaired),
             )
             .counter(
                 "blizzard_orphans_freed_total",
                 "Tracts freed because their blob is gone or their row left this server.",
-                n(&self.scrub.orphans_freed),
+                n(&self.scrub.stats().orphans_freed),
             )
             .finish()
     }

@@ -15,6 +15,7 @@
 //! | unleased | its rows | a service run without a metadata server | never |
 
 use std::collections::HashMap;
+use std::sync::RwLock;
 
 use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, TractNo, TsId};
@@ -31,6 +32,41 @@ pub fn check_data_tract(tract: TractNo) -> Result<(), ErrorReply> {
         return Err(ErrorReply::new(ErrorCode::BadRequest, format!("tract {tract} is not a data tract")));
     }
     Ok(())
+}
+
+/// The current [`RowIndex`], shared by the parts of a tractserver that ask
+/// it (the request handlers, the copier, the scrubber, healing); replaced
+/// whole when a new assignment is stored.
+#[derive(Default)]
+pub struct SharedRows(RwLock<RowIndex>);
+
+impl SharedRows {
+    pub fn new(rows: RowIndex) -> SharedRows {
+        SharedRows(RwLock::new(rows))
+    }
+
+    /// Looks at the current rows without cloning them (asked per request).
+    pub fn with<T>(&self, f: impl FnOnce(&RowIndex) -> T) -> T {
+        match self.0.read() {
+            Ok(g) => f(&g),
+            Err(p) => f(&p.into_inner()),
+        }
+    }
+
+    pub fn snapshot(&self) -> RowIndex {
+        self.with(RowIndex::clone)
+    }
+
+    pub fn tlt_len(&self) -> usize {
+        self.with(|r| r.assignment.tlt_len as usize)
+    }
+
+    pub fn replace(&self, rows: RowIndex) {
+        *match self.0.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        } = rows;
+    }
 }
 
 /// The rows this tractserver holds, indexed for the per-request check.

@@ -143,20 +143,20 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         Some(b) => decode::<Assignment>(&b).map_err(|_| TractServerError::BadAssignment(path.clone()))?,
         None => Assignment::default(),
     };
-    let mut service = TractService::new(
+    let service = TractService::new(
         env.clone(),
         store.clone(),
         meta,
         RowIndex::new(me, assignment.clone()),
         cfg.request_timeout,
+        cfg.fill_bandwidth,
+        cfg.scrub_bandwidth,
     );
     // Rows this server was still copying when it stopped: copied again.
-    service.fills.update(me, &assignment);
+    service.fill.update(me, &assignment);
     // Nothing is served before the metadata server has answered a
     // heartbeat: this server may have been declared dead while it was down.
     service.update_standing(|s| *s = Standing::awaiting(env.now()));
-    service.fill_bandwidth = cfg.fill_bandwidth;
-    service.scrub_bandwidth = cfg.scrub_bandwidth;
     let service = Arc::new(service);
     let metas =
         service.load_metas().await.map_err(|error| TractServerError::Store { path: path.clone(), error })?;
@@ -179,8 +179,8 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     let mut tasks = vec![
         tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
         tokio::spawn(heartbeat_loop(env.clone(), service.clone(), cfg, addr.clone(), rx.clone())),
-        tokio::spawn(service.clone().fill_loop(rx.clone())),
-        tokio::spawn(service.clone().scrub_loop(rx.clone())),
+        tokio::spawn(service.fill.clone().fill_loop(rx.clone())),
+        tokio::spawn(service.scrub.clone().scrub_loop(rx.clone())),
     ];
     if let Some(l) = metrics {
         tracing::info!(addr = %l.local_addr(), "metrics at /metrics");
@@ -232,7 +232,7 @@ async fn heartbeat_loop(
     loop {
         let (slots_total, slots_used) = service.store.usage();
         let rows = service.row_index();
-        let (filled, fill) = service.fills.report();
+        let (filled, fill) = service.fill.report();
         let stored = (rows.assignment.cluster_id != 0).then_some(rows.assignment);
         let heartbeat = |to: &str| {
             Request::Heartbeat(Heartbeat {

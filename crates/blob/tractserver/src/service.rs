@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,33 +31,35 @@ use blizzard_proto::{Assignment, BlobMeta, ErrorCode, ErrorReply, Reply, Request
 use blizzard_rpc::{Caller, Service};
 
 use crate::blob_meta::{self, decode_meta, encode_meta, BlobMetas, MetaOp, Planned};
+use crate::fill::Filler;
+use crate::heal::Healer;
 use crate::peers::Peers;
-use crate::rows::{check_data_tract, Standing, Turn};
+use crate::rows::{check_data_tract, SharedRows, Standing, Turn};
 pub use crate::rows::{RowIndex, BLOB_TRACTS_MAX};
-use crate::store::{Durability, Store, StoreError, TractWrite};
+use crate::scrub::Scrubber;
+use crate::store::{store_err, Durability, Store, StoreError, TractWrite};
 
 pub struct TractService {
     pub env: Env,
     pub store: Arc<Store>,
-    pub rows: RwLock<RowIndex>,
+    /// The rows this server holds (`rows::SharedRows`), replaced by each
+    /// stored assignment.
+    rows: Arc<SharedRows>,
     /// Other tractservers and the metadata service (`peers`).
-    pub peers: Peers,
+    pub peers: Arc<Peers>,
     /// Blob metadata records, prepared changes, serialization
     /// (`blob_meta`).
-    metas: BlobMetas,
+    metas: Arc<BlobMetas>,
     pub inflight: AtomicU32,
     /// Lease and fence (`rows::Standing`): whether anything is served.
     standing: Mutex<Standing>,
-    /// Rows being copied here as a newcomer (FDS §3.2).
-    pub fills: crate::fill::Fills,
-    /// Bytes per second this server copies when filling rows (0: no
-    /// limit): keeps recovery from starving client I/O.
-    pub fill_bandwidth: u64,
-    /// Bytes per second the scrubber re-reads (0: no scrubbing).
-    pub scrub_bandwidth: u64,
-    pub scrub: crate::scrub::ScrubStats,
-    /// Tracts a chunk of which is being healed here (`scrub::Heals`).
-    pub(crate) heals: crate::scrub::Heals,
+    /// Rows being copied here as a newcomer, and copies served to others
+    /// (FDS §3.2; `fill`).
+    pub fill: Arc<Filler>,
+    /// Re-reads and repairs chunks, frees orphans (`scrub`).
+    pub scrub: Arc<Scrubber>,
+    /// Chunks fetched from the row's other members (`heal`).
+    healer: Arc<Healer>,
     /// Random, new at every start: a client holding cached (unsynced)
     /// writes learns from a changed boot id that they may be gone.
     pub boot: u64,
@@ -72,59 +74,55 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-pub(crate) fn store_err(e: StoreError) -> ErrorReply {
-    let code = match &e {
-        StoreError::OutOfRange { .. } => ErrorCode::OutOfRange,
-        StoreError::BadCrc(_) => ErrorCode::BadCrc,
-        StoreError::Corrupt { .. } => ErrorCode::Corrupt,
-        // A device out of space (ENOSPC) is a full disk too.
-        StoreError::DiskFull(_) => ErrorCode::DiskFull,
-        StoreError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => ErrorCode::DiskFull,
-        StoreError::Io(_) | StoreError::Failed | StoreError::Layout(_) => ErrorCode::Io,
-        StoreError::Superseded => ErrorCode::Aborted,
-    };
-    ErrorReply::new(code, e.to_string())
-}
-
 impl TractService {
+    /// `fill_bandwidth`: bytes per second copied while filling rows;
+    /// `scrub_bandwidth`: bytes per second the scrubber re-reads (0: off).
     pub fn new(
         env: Env,
         store: Arc<Store>,
         meta: Arc<blizzard_rpc::MetaService>,
         rows: RowIndex,
         request_timeout: Duration,
+        fill_bandwidth: u64,
+        scrub_bandwidth: u64,
     ) -> TractService {
+        let peers = Arc::new(Peers::new(env.clone(), meta, request_timeout));
+        let rows = Arc::new(SharedRows::new(rows));
+        let metas = Arc::new(BlobMetas::default());
+        let healer = Arc::new(Healer::new(store.clone(), peers.clone(), rows.clone()));
+        let fill = Arc::new(Filler::new(
+            env.clone(),
+            store.clone(),
+            peers.clone(),
+            rows.clone(),
+            metas.clone(),
+            healer.clone(),
+            fill_bandwidth,
+        ));
+        let scrub = Arc::new(Scrubber::new(
+            env.clone(),
+            store.clone(),
+            peers.clone(),
+            rows.clone(),
+            metas.clone(),
+            healer.clone(),
+            fill.clone(),
+            scrub_bandwidth,
+        ));
         TractService {
             boot: env.random_u64(),
-            peers: Peers::new(env.clone(), meta, request_timeout),
+            peers,
             env,
             store,
-            rows: RwLock::new(rows),
-            metas: BlobMetas::default(),
+            rows,
+            metas,
             inflight: AtomicU32::new(0),
             standing: Mutex::new(Standing::unleased()),
-            fills: crate::fill::Fills::default(),
-            fill_bandwidth: 0,
-            scrub_bandwidth: 0,
-            scrub: Default::default(),
-            heals: Default::default(),
+            fill,
+            scrub,
+            healer,
             fences: crate::fence::Fences::default(),
         }
-    }
-
-    pub(crate) fn tlt_len(&self) -> usize {
-        match self.rows.read() {
-            Ok(g) => g.assignment.tlt_len as usize,
-            Err(p) => p.into_inner().assignment.tlt_len as usize,
-        }
-    }
-
-    pub(crate) fn remember_meta(&self, m: BlobMeta) {
-        self.metas.set(m.blob, Some(m));
-    }
-
-    pub(crate) fn forget_meta(&self, blob: BlobId) {
-        self.metas.set(blob, None);
     }
 
     /// Refuses everything while fenced or without a lease.
@@ -147,12 +145,8 @@ impl TractService {
     pub(crate) fn check_source(&self, row: u32, version: u64) -> Result<(), ErrorReply> {
         self.check_serving()?;
         let me = self.store.disk_id();
-        let g = match self.rows.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let filling = g.check_row(row, version)?;
-        if filling.contains(&me) && !self.fills.row_complete(row) {
+        let filling_here = self.rows.with(|g| g.check_row(row, version).map(|f| f.contains(&me)))?;
+        if filling_here && !self.fill.row_complete(row) {
             return Err(ErrorReply::new(
                 ErrorCode::NotReady,
                 format!("row {row} is still being copied here"),
@@ -185,25 +179,12 @@ impl TractService {
     }
 
     pub fn row_index(&self) -> RowIndex {
-        self.with_rows(RowIndex::clone)
-    }
-
-    /// Looks at the current rows without cloning them (the scrubber asks
-    /// per tract).
-    pub(crate) fn with_rows<T>(&self, f: impl FnOnce(&RowIndex) -> T) -> T {
-        match self.rows.read() {
-            Ok(g) => f(&g),
-            Err(p) => f(&p.into_inner()),
-        }
+        self.rows.snapshot()
     }
 
     fn check(&self, blob: BlobId, tract: TractNo, version: u64) -> Result<(bool, Vec<TsId>), ErrorReply> {
         self.check_serving()?;
-        let g = match self.rows.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        g.check(blob, tract, version).map(|(c, m)| (c, m.to_vec()))
+        self.rows.with(|g| g.check(blob, tract, version).map(|(c, m)| (c, m.to_vec())))
     }
 
     fn data_check(&self, a: &TractAddr) -> Result<(), ErrorReply> {
@@ -294,10 +275,14 @@ impl TractService {
             Request::MetaAbort { blob, row_version: _, txn } => none(Ok(self.meta_abort(blob, txn))),
             Request::AssignRows { assignment } => none(self.assign(assignment).await),
             Request::ListRowTracts { row, row_version, after } => {
-                none(self.serve_list(row, row_version, after))
+                none(self.check_source(row, row_version).map(|()| self.fill.serve_list(row, after)))
             }
             Request::CopyTract { row, row_version, tract } => {
-                match self.serve_copy(row, row_version, tract).await {
+                let copy = match self.check_source(row, row_version) {
+                    Ok(()) => self.fill.serve_copy(row, tract).await,
+                    Err(e) => Err(e),
+                };
+                match copy {
                     Ok((reply, data)) => (Ok(reply), data),
                     Err(e) => (Err(e), Bytes::new()),
                 }
@@ -320,7 +305,7 @@ impl TractService {
     /// lock), and a newcomer's copy of the tract done.
     async fn admit_change(&self, addr: &TractAddr) -> Result<(), ErrorReply> {
         self.data_check(addr).and_then(|_| self.admit_writer(addr))?;
-        self.ensure_copied(addr.blob, addr.tract).await
+        self.fill.ensure_copied(addr.blob, addr.tract).await
     }
 
     /// `WriteTract` (`Synced`: durable before the reply) and
@@ -361,7 +346,7 @@ impl TractService {
         // merge with the chunk's bytes): heal the chunk from a complete
         // replica, then try once more.
         if let Err(StoreError::Corrupt { chunk, .. }) = r {
-            if self.heal_chunk(addr.blob, addr.incarnation, addr.tract, chunk).await {
+            if self.healer.heal_chunk(addr.blob, addr.incarnation, addr.tract, chunk).await {
                 r = write(data).await;
             }
         }
@@ -380,7 +365,7 @@ impl TractService {
         offset: u32,
         len: u32,
     ) -> Result<(Reply, Bytes), ErrorReply> {
-        self.data_check(addr).and_then(|_| self.check_copied(addr.blob, addr.tract))?;
+        self.data_check(addr).and_then(|_| self.fill.check_copied(addr.blob, addr.tract))?;
         let (data, crcs) =
             self.store.read(addr.blob, addr.incarnation, addr.tract, offset, len).await.map_err(store_err)?;
         Ok((Reply::Read { crcs }, data))
@@ -396,7 +381,7 @@ impl TractService {
 
     async fn mapped_tract(&self, addr: &TractAddr) -> Result<Reply, ErrorReply> {
         self.data_check(addr)?;
-        self.ensure_copied(addr.blob, addr.tract).await?;
+        self.fill.ensure_copied(addr.blob, addr.tract).await?;
         Ok(Reply::Mapped { bitmap: self.store.mapped(addr.blob, addr.incarnation, addr.tract).await })
     }
 
@@ -435,7 +420,7 @@ impl TractService {
         } else {
             self.metas.filtered(|m| {
                 let row = locator(m.blob, TractNo::META, len) as u32;
-                rows.lists_row(me, row, self.fills.row_complete(row))
+                rows.lists_row(me, row, self.fill.row_complete(row))
             })
         };
         v.sort_by_key(|m| m.blob);
@@ -444,7 +429,7 @@ impl TractService {
 
     /// `GetBlob`, asked of the blob's metadata primary.
     async fn get_blob(&self, blob: BlobId, row_version: u64) -> Result<Reply, ErrorReply> {
-        self.ensure_copied(blob, TractNo::META).await?;
+        self.fill.ensure_copied(blob, TractNo::META).await?;
         let r = self.check(blob, TractNo::META, row_version).and_then(|(primary, _)| {
             if !primary {
                 return Err(not_primary(blob));
@@ -491,7 +476,7 @@ impl TractService {
     /// `MetaCommit` on a replica: applies the prepared change durably.
     async fn meta_commit(&self, blob: BlobId, row_version: u64, txn: u64) -> Result<Reply, ErrorReply> {
         self.check(blob, TractNo::META, row_version)?;
-        self.ensure_copied(blob, TractNo::META).await?;
+        self.fill.ensure_copied(blob, TractNo::META).await?;
         let new = self.metas.take_prepared(blob, txn).ok_or_else(|| {
             ErrorReply::new(ErrorCode::Aborted, format!("no prepared transaction {txn} for {blob}"))
         })?;
@@ -536,11 +521,8 @@ impl TractService {
         let rows = a.rows.len();
         let version = a.tlt_version;
         let filling = a.rows.iter().filter(|r| r.filling.contains(&me)).count();
-        self.fills.update(me, &a);
-        *match self.rows.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        } = RowIndex::new(me, a);
+        self.fill.update(me, &a);
+        self.rows.replace(RowIndex::new(me, a));
         // An assignment from the metadata server makes this server a
         // member again (a fenced server gets one once it is safe).
         if self.update_standing(Standing::assigned) == Turn::Unfenced {
@@ -610,7 +592,7 @@ impl TractService {
         if !primary {
             return Err(not_primary(blob));
         }
-        self.ensure_copied(blob, TractNo::META).await?;
+        self.fill.ensure_copied(blob, TractNo::META).await?;
         let me = self.store.disk_id();
         // Pending members (cluster growth) too: they must hold the blob's
         // metadata when they take over their column.

@@ -47,6 +47,7 @@ use blizzard_core::limits::CHUNK_SIZE;
 use blizzard_core::reconcile::ChunkState;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_env::{Clock, Disk};
+use blizzard_proto::{ErrorCode, ErrorReply};
 
 use crate::layout::{
     decode_positions, encode_positions, ChunkEntry, Layout, LayoutError, SlotEntry, SlotRecord,
@@ -1459,6 +1460,21 @@ fn settle(g: &mut SlotState, chunk: u32, crc: u32) -> ChunkState {
     }
     g.unsettled.remove(chunk);
     ChunkState::Data(crc)
+}
+
+/// The wire error for a store error: what a request handler answers.
+pub(crate) fn store_err(e: StoreError) -> ErrorReply {
+    let code = match &e {
+        StoreError::OutOfRange { .. } => ErrorCode::OutOfRange,
+        StoreError::BadCrc(_) => ErrorCode::BadCrc,
+        StoreError::Corrupt { .. } => ErrorCode::Corrupt,
+        // A device out of space (ENOSPC) is a full disk too.
+        StoreError::DiskFull(_) => ErrorCode::DiskFull,
+        StoreError::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => ErrorCode::DiskFull,
+        StoreError::Io(_) | StoreError::Failed | StoreError::Layout(_) => ErrorCode::Io,
+        StoreError::Superseded => ErrorCode::Aborted,
+    };
+    ErrorReply::new(code, e.to_string())
 }
 
 #[cfg(test)]
