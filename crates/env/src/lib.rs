@@ -51,7 +51,24 @@ pub trait Rng: Send + Sync {
 pub trait Net: Send + Sync {
     fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>>;
     fn bind(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>>;
+
+    /// Attaches `endpoint` to `addr`, the address of a listener this net
+    /// bound that is still open, so callers in the same process can reach
+    /// the server behind it without a stream ([`Net::endpoint`]). Returns
+    /// whether this net keeps endpoints (only [`LocalNet`] does).
+    fn attach_endpoint(&self, _addr: &str, _endpoint: Endpoint) -> bool {
+        false
+    }
+
+    /// The endpoint attached to `addr`, while its listener is open.
+    fn endpoint(&self, _addr: &str) -> Option<Endpoint> {
+        None
+    }
 }
+
+/// What a server attaches to its address for callers in its own process
+/// (`blizzard_rpc` attaches its service); opaque here.
+pub type Endpoint = Arc<dyn std::any::Any + Send + Sync>;
 
 pub trait Listener: Send + Sync {
     /// The next connection and the peer's address.

@@ -18,6 +18,12 @@
 //! What a pipe cannot do that a socket can: outlive the process (nothing
 //! here needs to), and fail on its own (a peer that goes away closes it,
 //! as a socket's peer would).
+//!
+//! A server may also attach an [`Endpoint`] to its listener's entry
+//! (`Net::attach_endpoint`): `blizzard_rpc` attaches its service there, and
+//! a caller of the same process then hands it requests as values, with no
+//! frames and no copies (`blizzard_rpc::local`). The entry, endpoint and
+//! all, goes when the listener is dropped.
 
 use std::collections::HashMap;
 use std::io;
@@ -28,15 +34,21 @@ use futures::FutureExt;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 
-use crate::{BoxStream, Listener, Net};
+use crate::{BoxStream, Endpoint, Listener, Net};
 
 /// Bytes a pipe buffers each way before the writer waits: room for a few
 /// large writes, as a socket's buffer has.
 const PIPE_BUFFER: usize = 1 << 20;
 
-type Table = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<DuplexStream>>>>;
+/// A listener's entry: where its pipes go, and what its server attached.
+struct Entry {
+    pipes: mpsc::UnboundedSender<DuplexStream>,
+    endpoint: Option<Endpoint>,
+}
 
-fn lock(t: &Table) -> MutexGuard<'_, HashMap<String, mpsc::UnboundedSender<DuplexStream>>> {
+type Table = Arc<Mutex<HashMap<String, Entry>>>;
+
+fn lock(t: &Table) -> MutexGuard<'_, HashMap<String, Entry>> {
     match t.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -58,7 +70,7 @@ impl LocalNet {
 
 impl Net for LocalNet {
     fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>> {
-        let local = lock(&self.listeners).get(addr).cloned();
+        let local = lock(&self.listeners).get(addr).map(|e| e.pipes.clone());
         if let Some(tx) = local {
             let (mine, theirs) = tokio::io::duplex(PIPE_BUFFER);
             // A listener dropped since the lookup: dial the inner net, which
@@ -77,11 +89,25 @@ impl Net for LocalNet {
             let inner = bound.await?;
             let addr = inner.local_addr();
             let (tx, rx) = mpsc::unbounded_channel();
-            lock(&table).insert(addr.clone(), tx.clone());
+            lock(&table).insert(addr.clone(), Entry { pipes: tx.clone(), endpoint: None });
             Ok(Box::new(LocalListener { inner, pipes: tokio::sync::Mutex::new(rx), tx, addr, table })
                 as Box<dyn Listener>)
         }
         .boxed()
+    }
+
+    fn attach_endpoint(&self, addr: &str, endpoint: Endpoint) -> bool {
+        match lock(&self.listeners).get_mut(addr) {
+            Some(e) => {
+                e.endpoint = Some(endpoint);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn endpoint(&self, addr: &str) -> Option<Endpoint> {
+        lock(&self.listeners).get(addr).and_then(|e| e.endpoint.clone())
     }
 }
 
@@ -118,7 +144,7 @@ impl Drop for LocalListener {
     fn drop(&mut self) {
         // Only our own entry: a later listener may have taken the address.
         let mut t = lock(&self.table);
-        if t.get(&self.addr).is_some_and(|tx| tx.same_channel(&self.tx)) {
+        if t.get(&self.addr).is_some_and(|e| e.pipes.same_channel(&self.tx)) {
             t.remove(&self.addr);
         }
     }
@@ -161,8 +187,15 @@ mod tests {
         assert_ne!(peer?, "in-process", "a socket connection");
         assert_eq!(&got?, b"hello");
 
+        // An endpoint lives as long as its listener.
+        assert!(net.endpoint(&addr).is_none());
+        assert!(net.attach_endpoint(&addr, Arc::new(7u32)));
+        assert_eq!(net.endpoint(&addr).and_then(|e| e.downcast::<u32>().ok()).as_deref(), Some(&7));
+        assert!(!net.attach_endpoint("127.0.0.1:1", Arc::new(7u32)), "no listener there");
+
         drop(l);
         assert!(net.connect(&addr).await.is_err(), "nobody listens there any more");
+        assert!(net.endpoint(&addr).is_none(), "the endpoint went with its listener");
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use blizzard_env::{BoxStream, Env};
 use blizzard_proto::{DecodeError, ErrorReply, FrameHeader, FrameKind};
 
 use crate::frame_io::{read_frame, write_queued, Outgoing, ReadFrameError};
+use crate::local::{LocalEndpoint, LocalLink};
 use crate::protocol::{Blob, Protocol};
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -57,6 +58,16 @@ struct Shared<P: Protocol> {
 }
 
 impl<P: Protocol> Shared<P> {
+    fn new(addr: String) -> Arc<Shared<P>> {
+        Arc::new(Shared {
+            addr,
+            pending: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            reader: Mutex::new(None),
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, ReplySlot<P>>> {
         match self.pending.lock() {
             Ok(g) => g,
@@ -79,12 +90,24 @@ const SEND_QUEUE_MAX: usize = 256;
 /// One multiplexed connection carrying protocol `P`. Cheap to clone.
 pub struct Conn<P: Protocol> {
     shared: Arc<Shared<P>>,
-    tx: mpsc::Sender<Outgoing>,
+    link: Link<P>,
+}
+
+/// How requests travel.
+enum Link<P: Protocol> {
+    /// Frames on a stream, through the writer task.
+    Stream(mpsc::Sender<Outgoing>),
+    /// As values, to a server in this process (`local`).
+    Local(Arc<LocalLink<P>>),
 }
 
 impl<P: Protocol> Clone for Conn<P> {
     fn clone(&self) -> Self {
-        Conn { shared: self.shared.clone(), tx: self.tx.clone() }
+        let link = match &self.link {
+            Link::Stream(tx) => Link::Stream(tx.clone()),
+            Link::Local(l) => Link::Local(l.clone()),
+        };
+        Conn { shared: self.shared.clone(), link }
     }
 }
 
@@ -104,8 +127,16 @@ impl<P: Protocol> Drop for PendingGuard<'_, P> {
 }
 
 impl<P: Protocol> Conn<P> {
-    /// Dials `addr` through the env and starts the connection's tasks.
+    /// Dials `addr` through the env and starts the connection's tasks; a
+    /// server of this process listening there is called directly instead
+    /// (`local`).
     pub async fn connect(env: &Env, addr: &str) -> Result<Conn<P>, RpcError> {
+        if let Some(endpoint) = LocalEndpoint::<P>::find(env, addr) {
+            return Ok(Conn {
+                shared: Shared::new(addr.to_string()),
+                link: Link::Local(Arc::new(LocalLink::new(endpoint))),
+            });
+        }
         let stream = env
             .connect(addr)
             .await
@@ -115,19 +146,13 @@ impl<P: Protocol> Conn<P> {
 
     /// Wraps an established stream.
     pub fn new(stream: BoxStream, addr: String) -> Conn<P> {
-        let shared = Arc::new(Shared {
-            addr,
-            pending: Mutex::new(BTreeMap::new()),
-            closed: AtomicBool::new(false),
-            next_id: AtomicU64::new(1),
-            reader: Mutex::new(None),
-        });
+        let shared = Shared::new(addr);
         let (rd, wr) = tokio::io::split(stream);
         let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
         tokio::spawn(writer_task(wr, rx, shared.clone()));
         let reader = tokio::spawn(reader_task(rd, shared.clone()));
         *shared.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(reader.abort_handle());
-        Conn { shared, tx }
+        Conn { shared, link: Link::Stream(tx) }
     }
 
     /// Gives the connection up: every waiting call fails and later ones
@@ -145,7 +170,11 @@ impl<P: Protocol> Conn<P> {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.shared.closed.load(Ordering::Acquire) || self.tx.is_closed()
+        self.shared.closed.load(Ordering::Acquire)
+            || match &self.link {
+                Link::Stream(tx) => tx.is_closed(),
+                Link::Local(l) => l.is_closed(),
+            }
     }
 
     /// Sends `req` with `data` and waits for its reply. Remote errors come
@@ -166,6 +195,10 @@ impl<P: Protocol> Conn<P> {
         if self.is_closed() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
+        let tx = match &self.link {
+            Link::Stream(tx) => tx,
+            Link::Local(l) => return l.call(&self.shared.addr, req, data, more).await,
+        };
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let meta = P::encode_request(req);
         let data_len = data.len() + more.iter().map(Bytes::len).sum::<usize>();
@@ -191,7 +224,7 @@ impl<P: Protocol> Conn<P> {
         if self.is_closed() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
-        if self.tx.send(Outgoing { header, meta, data, more }).await.is_err() {
+        if tx.send(Outgoing { header, meta, data, more }).await.is_err() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
         match wait.await {

@@ -9,6 +9,7 @@ mod conn;
 mod conns;
 pub mod either;
 mod frame_io;
+mod local;
 mod meta;
 mod protocol;
 mod server;

@@ -14,7 +14,7 @@ use blizzard_proto::{decode_response, encode_response, DecodeError, ErrorReply, 
 
 /// A request/response protocol over blizzard frames.
 pub trait Protocol: Send + Sync + 'static {
-    type Request: Send + Sync + 'static;
+    type Request: Clone + Send + Sync + 'static;
     type Reply: Send + 'static;
 
     /// The opcode a request travels under (its reply carries it back).

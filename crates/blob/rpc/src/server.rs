@@ -20,6 +20,7 @@ use blizzard_env::{BoxStream, Env, Listener};
 use blizzard_proto::{ErrorCode, ErrorReply, FrameHeader, FrameKind};
 
 use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError, READ_BUFFER};
+use crate::local::LocalEndpoint;
 use crate::protocol::{Blob, Protocol};
 use crate::session::{Caller, Sessions};
 
@@ -153,6 +154,11 @@ pub async fn serve<P: Protocol>(
     mut shutdown: Shutdown,
 ) {
     let sessions = Arc::new(Sessions::default());
+    // Callers in this process call the service directly (`local`); the
+    // entry goes with the listener when this returns.
+    let endpoint =
+        LocalEndpoint { service: service.clone(), sessions: sessions.clone(), shutdown: shutdown.clone() };
+    env.net.attach_endpoint(&listener.local_addr(), Arc::new(endpoint));
     loop {
         let accepted = tokio::select! {
             biased;
