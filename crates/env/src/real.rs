@@ -3,11 +3,14 @@
 //! pool, made durable with `fdatasync`.
 //!
 //! Disks are opened twice: buffered, and with `O_DIRECT` where the file
-//! system allows it. Writes go through the page cache, all of them; the
-//! group commit's `fdatasync` sends them to the device together. Large
-//! aligned reads (and the zero-fill) go direct, so reading a volume through
-//! once does not fill the cache. The kernel keeps the two views of a range
-//! coherent.
+//! system allows it. Writes go through the page cache, all but the largest;
+//! the group commit's `fdatasync` sends them to the device together. Large
+//! aligned reads, writes of at least [`DIRECT_WRITE_MIN`] (a blob's whole
+//! tracts, a newcomer's copies) and the zero-fill go direct, so moving
+//! gigabytes through does not fill the cache. The kernel keeps the two
+//! views of a range coherent (a direct write first writes back and drops
+//! the cached pages it covers), and `fdatasync` flushes the device's cache
+//! for both.
 //!
 //! Tract data was once written direct too, as FDS tractservers use raw
 //! disks. Measured on one machine (`bench/row.sh`, `blizzard up` with 1 MiB
@@ -21,6 +24,13 @@
 //! `fdatasync` writes back whole: 4 KiB random writes at QD 32 after 1 MiB
 //! ones fell from 22–27k to 8–13k IOPS, at twice the CPU per write. In
 //! 64 KiB pieces they stay at 23–25k.
+//!
+//! Why the largest writes go direct anyway: through the page cache, whole
+//! 8 MiB tracts written 3-way (`bench/blob.sh`, 4 tractservers on one
+//! disk) moved 182–193 MB/s at 10 CPU s/GB, both cores busy writing back
+//! and reclaiming 12 GiB of cached pages; direct, they had moved 754 MB/s
+//! at 2.2 s/GB. Volumes write at most one block (1 MiB) per request, below
+//! the bound, so what they write stays cached for the reads that follow.
 
 // This module *is* the real side of the seam: the one place allowed to
 // call the clock, the OS entropy source, sockets and files directly.
@@ -271,11 +281,33 @@ const INLINE_WRITE_MAX: usize = 256 << 10;
 /// page cache builds, so a later small write dirties little (module docs).
 const BUFFERED_WRITE_MAX: usize = 64 << 10;
 
+/// Writes at least this large, aligned, go around the page cache (module
+/// docs): above a volume's largest block, so volume writes stay cached.
+const DIRECT_WRITE_MIN: usize = 4 << 20;
+
 fn write_buffered(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
     for (i, part) in data.chunks(BUFFERED_WRITE_MAX).enumerate() {
         file.write_all_at(part, offset + (i * BUFFERED_WRITE_MAX) as u64)?;
     }
     Ok(())
+}
+
+/// One write on the blocking pool: direct if it is large and aligned and
+/// the file allows it, else buffered. A buffer not aligned in memory is
+/// copied into one that is (the page cache would copy it too).
+fn write_blocking(file: &File, direct: Option<&File>, offset: u64, data: &Bytes) -> io::Result<()> {
+    match direct {
+        Some(d) if data.len() >= DIRECT_WRITE_MIN && direct_ok(offset, data.len()) => {
+            if (data.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGN) {
+                d.write_all_at(data, offset)
+            } else {
+                let mut b = aligned_buffer(data.len());
+                b.extend_from_slice(data);
+                d.write_all_at(&b, offset)
+            }
+        }
+        _ => write_buffered(file, offset, data),
+    }
 }
 
 fn direct_ok(offset: u64, len: usize) -> bool {
@@ -366,6 +398,7 @@ impl Disk for RealDisk {
 
     fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>> {
         let file = self.file.clone();
+        let direct = self.direct.clone();
         let disk_len = self.len;
         let zero_fill = self.zero_fill.clone();
         async move {
@@ -394,7 +427,7 @@ impl Disk for RealDisk {
                 // zeros overlapping them.
                 let _writing = zero_fill.begin_write(&writes);
                 for (off, b) in &writes {
-                    write_buffered(&file, *off, b)?;
+                    write_blocking(&file, direct.as_deref(), *off, b)?;
                 }
                 Ok(())
             })
@@ -456,8 +489,8 @@ mod tests {
     async fn real_disk_round_trip() -> io::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("d");
-        let d = RealDisks.open(&path, Some(1 << 20)).await?;
-        assert_eq!(d.len(), 1 << 20);
+        let d = RealDisks.open(&path, Some(16 << 20)).await?;
+        assert_eq!(d.len(), 16 << 20);
         d.write_at(vec![(4096, Bytes::from_static(b"tract")), (0, Bytes::from_static(b"sb"))]).await?;
         d.sync().await?;
         assert_eq!(&d.read_at(4096, 5).await?[..], b"tract");
@@ -472,16 +505,35 @@ mod tests {
         assert_eq!(&d.read_at(16384, 4096).await?[..], &page[..4096]);
         assert_eq!(&d.read_at(32768, 8192).await?[..], &page[..]);
         assert_eq!(&d.read_at(8190, 4).await?[..], &[0, 0, page[0], page[1]]);
-        assert!(d.read_at((1 << 20) - 1, 2).await.is_err());
+        assert!(d.read_at((16 << 20) - 1, 2).await.is_err());
         // A large aligned read goes around the page cache and still sees
         // the buffered write before it.
         let big: Vec<u8> = (0..INLINE_WRITE_MAX * 2).map(|i| (i % 251) as u8).collect();
         d.write_at(vec![(65536, Bytes::from(big.clone()))]).await?;
         assert_eq!(&d.read_at(65536, big.len()).await?[..], &big[..]);
+        // A write large enough to go direct, from an unaligned buffer and
+        // from an aligned one, over a range whose start is cached from a
+        // buffered write: small reads (cached) and large ones see it.
+        let at = 8u64 << 20;
+        d.write_at(vec![(at, Bytes::from(vec![1u8; 4096]))]).await?;
+        assert_eq!(&d.read_at(at, 4096).await?[..], &[1u8; 4096][..]);
+        let huge: Vec<u8> = (0..DIRECT_WRITE_MIN).map(|i| (i % 241) as u8).collect();
+        let odd = Bytes::from([&[9u8][..], &huge[..]].concat()).slice(1..);
+        d.write_at(vec![(at, odd)]).await?;
+        assert_eq!(&d.read_at(at, 4096).await?[..], &huge[..4096]);
+        assert_eq!(&d.read_at(at, huge.len()).await?[..], &huge[..]);
+        let mut aligned = aligned_buffer(huge.len());
+        aligned.extend_from_slice(&huge[..]);
+        aligned[0] = 77;
+        d.write_at(vec![(at, aligned.freeze())]).await?;
+        assert_eq!(d.read_at(at, 1).await?[0], 77);
+        d.sync().await?;
         drop(d);
         let d = RealDisks.open(&path, None).await?;
         assert_eq!(&d.read_at(4096, 5).await?[..], b"tract");
         assert_eq!(&d.read_at(8192, 8192).await?[..], &page[..]);
+        assert_eq!(d.read_at(8 << 20, 1).await?[0], 77);
+        assert_eq!(&d.read_at((8 << 20) + 1, 4095).await?[..], &huge[1..4096]);
         assert!(RealDisks.open(&dir.path().join("missing"), None).await.is_err());
         Ok(())
     }
