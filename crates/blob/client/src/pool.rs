@@ -156,3 +156,117 @@ impl Pool {
         c.call_timeout(&self.env, self.timeout, req, data).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    use blizzard_proto::{ErrorReply, TractAddr};
+    use blizzard_rpc::{serve, Caller, Service, ShutdownHandle};
+    use futures::future::BoxFuture;
+    use futures::FutureExt;
+    use tokio::sync::Semaphore;
+
+    /// Holds each read until the test opens the gate; counts how many it
+    /// holds.
+    struct HeldReads {
+        gate: Semaphore,
+        now: AtomicUsize,
+    }
+
+    impl Service for HeldReads {
+        fn call(
+            self: Arc<Self>,
+            req: Request,
+            _data: Bytes,
+            _caller: Caller,
+        ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
+            async move {
+                self.now.fetch_add(1, Ordering::AcqRel);
+                if let Ok(p) = self.gate.acquire().await {
+                    p.forget();
+                }
+                self.now.fetch_sub(1, Ordering::AcqRel);
+                match req {
+                    // The pool hands replies back undecoded: no real CRCs needed.
+                    Request::ReadTract { len, .. } => {
+                        (Ok(Reply::Read { crcs: Vec::new() }), Bytes::from(vec![0u8; len as usize]))
+                    }
+                    _ => (Ok(Reply::Done), Bytes::new()),
+                }
+            }
+            .boxed()
+        }
+    }
+
+    fn read(len: u32) -> Request {
+        let addr = TractAddr {
+            blob: blizzard_core::BlobId(1),
+            incarnation: 1,
+            tract: blizzard_core::TractNo(0),
+            row_version: 1,
+            writer: 0,
+        };
+        Request::ReadTract { addr, offset: 0, len }
+    }
+
+    /// Waits until the server holds `n` reads (fails after 20 s).
+    async fn until_held(env: &Env, s: &HeldReads, n: usize) -> Result<(), String> {
+        for _ in 0..2000 {
+            if s.now.load(Ordering::Acquire) == n {
+                return Ok(());
+            }
+            env.sleep(Duration::from_millis(10)).await;
+        }
+        Err(format!("the server never held {n} reads (holds {})", s.now.load(Ordering::Acquire)))
+    }
+
+    // Large reads are asked for only within the pull window (two 8 MiB
+    // reads of eight at once), small ones are not held by it, and without
+    // flow control the window is not applied.
+    #[tokio::test]
+    async fn large_reads_stay_within_the_pull_window() -> Result<(), Box<dyn std::error::Error>> {
+        let env = Env::real();
+        let listener = env.bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr();
+        let server = Arc::new(HeldReads { gate: Semaphore::new(0), now: 0.into() });
+        let (_stop, shutdown) = ShutdownHandle::new();
+        tokio::spawn(serve(env.clone(), listener, server.clone(), Default::default(), shutdown));
+        let tract = 8u32 << 20;
+        let window = (PULL_WINDOW_BYTES / tract as u64) as usize;
+        assert_eq!(window, 2);
+
+        let pool =
+            Arc::new(Pool::new(env.clone(), Duration::from_secs(30), Some(blizzard_rpc::LARGE_TRANSFER_MIN)));
+        let spawn_reads = |pool: &Arc<Pool>, n: usize, len: u32| {
+            (0..n)
+                .map(|_| {
+                    let (pool, addr) = (pool.clone(), addr.clone());
+                    tokio::spawn(async move { pool.call(&addr, &read(len), Bytes::new()).await })
+                })
+                .collect::<Vec<_>>()
+        };
+        let large = spawn_reads(&pool, 8, tract);
+        until_held(&env, &server, window).await?;
+        // The other six wait in the pool: none reaches the server.
+        env.sleep(Duration::from_millis(200)).await;
+        assert_eq!(server.now.load(Ordering::Acquire), window);
+        // Small reads pass them.
+        let small = spawn_reads(&pool, 8, 4096);
+        until_held(&env, &server, window + 8).await?;
+        server.gate.add_permits(16);
+        for r in large.into_iter().chain(small) {
+            r.await??;
+        }
+
+        let unlimited = Arc::new(Pool::new(env.clone(), Duration::from_secs(30), None));
+        let reads = spawn_reads(&unlimited, 4, tract);
+        until_held(&env, &server, 4).await?;
+        server.gate.add_permits(4);
+        for r in reads {
+            r.await??;
+        }
+        Ok(())
+    }
+}
