@@ -217,6 +217,9 @@ pub struct BlobSimReport {
     /// checked), and volume writes and trims acknowledged.
     pub replica_checks: u64,
     pub volume_ops: u64,
+    /// Chunk-entry journal checkpoints the tractservers ran, all lives
+    /// (their rings are tiny here: `TS_JOURNAL`).
+    pub journal_checkpoints: u64,
     pub simulated: Duration,
 }
 
@@ -224,6 +227,10 @@ const META_PORT: u16 = 7700;
 /// How long faults last at most when there are no blob clients.
 const FAULTS_WITHOUT_CLIENTS_MAX: Duration = Duration::from_secs(600);
 const TS_DISK: u64 = 16 << 20;
+/// The tractservers' journal rings: the smallest their 16 KiB tracts
+/// allow (`layout::journal_len_min`), so checkpoints run every few dozen
+/// writes and crashes land inside them.
+const TS_JOURNAL: u64 = 4096;
 
 /// Blob clients' writes of at least this many bytes ask before they send
 /// (flow control with tiny bounds, as the rest of this configuration has:
@@ -318,8 +325,10 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         });
     }
     let total = cfg.tractservers + cfg.joining;
+    let checkpoints: Rc<RefCell<std::collections::BTreeMap<(usize, u64), u64>>> = Rc::default();
     for i in 0..total {
         let (disks, lives, planted) = (disks.clone(), Rc::new(RefCell::new(0u64)), cfg.planted_bug);
+        let checkpoints = checkpoints.clone();
         let (meta_addr, tract) = (meta_addr.clone(), cfg.tract_size);
         // A joining server's first start waits until the cluster has run a
         // while (and is under load); restarts after a crash do not.
@@ -336,6 +345,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
             let env = sim_env_incarnation(seed, &ts_host(i), life, disks.clone());
             let wait = join_after.filter(|_| life == 1);
             let meta = meta_addr.clone();
+            let checkpoints = checkpoints.clone();
             async move {
                 if let Some(w) = wait {
                     env.sleep(w).await;
@@ -351,11 +361,25 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                     grant_timeout: Duration::from_secs(2),
                     ..FlowLimits::default()
                 };
+                c.journal_len = Some(TS_JOURNAL);
                 // Repairs the flipped bits (reads go to another replica
                 // meanwhile).
                 c.scrub_bandwidth = 4 << 20;
-                let h = ts::start(env, c).await?;
-                h.wait().await;
+                let h = ts::start(env.clone(), c).await?;
+                // This life's checkpoints, kept up to date for the report
+                // (a crash ends the life without a word).
+                let store = h.service.store.clone();
+                let count = async {
+                    loop {
+                        checkpoints.borrow_mut().insert((i, life), store.journal_checkpoints());
+                        env.sleep(Duration::from_millis(100)).await;
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    _ = h.wait() => {}
+                    _ = count => {}
+                }
                 Ok(())
             }
         });
@@ -781,6 +805,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         }
     }
     let vstats: Vec<vc::VolumeStats> = volumes.iter().map(|v| v.stats()).collect();
+    let journal_checkpoints: u64 = checkpoints.borrow().values().sum();
     Ok(BlobSimReport {
         seed,
         trace,
@@ -804,6 +829,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         chunk_repairs: vstats.iter().map(|s| s.chunk_repairs).sum(),
         replica_checks: vstats.iter().map(|s| s.replica_checks).sum(),
         volume_ops: vstats.iter().map(|s| s.acked_ops).sum(),
+        journal_checkpoints,
         simulated: sim.elapsed(),
     })
 }

@@ -37,7 +37,7 @@ struct Args {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump]"
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump|checkpoint-skips-table]"
     );
     ExitCode::from(2)
 }
@@ -66,6 +66,9 @@ fn parse() -> Option<Args> {
                 "ack-before-sync" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::AckBeforeSync,
                 "skip-copy" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::SkipCopy,
                 "no-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoFence,
+                "checkpoint-skips-table" => {
+                    a.cfg.planted_bug = blizzard_tractserver::PlantedBug::CheckpointSkipsTable
+                }
                 "no-writer-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoWriterFence,
                 "forget-row-bump" => a.cfg.meta_plant = MetaPlant::ForgetRowBump,
                 _ => return None,
@@ -122,6 +125,9 @@ fn config_flags(a: &Args) -> Vec<String> {
         }
         blizzard_tractserver::PlantedBug::SkipCopy => v.extend(["--plant".into(), "skip-copy".into()]),
         blizzard_tractserver::PlantedBug::NoFence => v.extend(["--plant".into(), "no-fence".into()]),
+        blizzard_tractserver::PlantedBug::CheckpointSkipsTable => {
+            v.extend(["--plant".into(), "checkpoint-skips-table".into()])
+        }
         blizzard_tractserver::PlantedBug::NoWriterFence => {
             v.extend(["--plant".into(), "no-writer-fence".into()])
         }
@@ -148,7 +154,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -170,6 +176,7 @@ fn main() -> ExitCode {
                     r.tracts_reconciled,
                     r.chunk_repairs,
                     r.replica_checks,
+                    r.journal_checkpoints,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -195,9 +202,9 @@ fn main() -> ExitCode {
     let (mut fulls, mut refused, mut outages) = (0u64, 0u64, 0u64);
     // Volume clients: ops, crashes (with writes cut off), late requests
     // (refused by the writer fence), tracts reconciled, chunks repaired,
-    // replica checks.
-    let mut vol = [0u64; 8];
-    const VOL_FIELDS: [&str; 8] = [
+    // replica checks; and the tractservers' journal checkpoints.
+    let mut vol = [0u64; 9];
+    const VOL_FIELDS: [&str; 9] = [
         "volume_ops=",
         "volume_crashes=",
         "volume_crashes_in_flight=",
@@ -206,6 +213,7 @@ fn main() -> ExitCode {
         "tracts_reconciled=",
         "chunk_repairs=",
         "replica_checks=",
+        "journal_checkpoints=",
     ];
     for batch in seeds.chunks(a.jobs) {
         // Start the whole batch, then collect: `jobs` seeds run at once.

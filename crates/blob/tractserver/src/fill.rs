@@ -41,13 +41,9 @@ use blizzard_proto::{
 };
 use blizzard_rpc::Shutdown;
 
-use blizzard_env::Env;
-
-use crate::blob_meta::{decode_meta, BlobMetas};
-use crate::heal::Healer;
-use crate::peers::Peers;
-use crate::rows::SharedRows;
-use crate::store::{store_err, Durability, Store, StoreError, TractWrite};
+use crate::blob_meta::decode_meta;
+use crate::parts::Parts;
+use crate::store::{store_err, Durability, StoreError, TractWrite};
 
 /// Tracts one newcomer copies at once, over all the rows it fills. Each
 /// holds up to a tract in memory; recovery's parallelism comes mostly from
@@ -219,12 +215,7 @@ fn parse_copy(
 /// The newcomer's side of re-replication and the source's: copies the
 /// rows this server fills, and serves copies and listings to others.
 pub struct Filler {
-    env: Env,
-    store: Arc<Store>,
-    peers: Arc<Peers>,
-    rows: Arc<SharedRows>,
-    metas: Arc<BlobMetas>,
-    healer: Arc<Healer>,
+    parts: Parts,
     fills: Fills,
     /// Bytes per second copied when filling rows (0: no limit): keeps
     /// recovery from starving client I/O.
@@ -232,16 +223,8 @@ pub struct Filler {
 }
 
 impl Filler {
-    pub(crate) fn new(
-        env: Env,
-        store: Arc<Store>,
-        peers: Arc<Peers>,
-        rows: Arc<SharedRows>,
-        metas: Arc<BlobMetas>,
-        healer: Arc<Healer>,
-        bandwidth: u64,
-    ) -> Filler {
-        Filler { env, store, peers, rows, metas, healer, fills: Fills::default(), bandwidth }
+    pub(crate) fn new(parts: Parts, bandwidth: u64) -> Filler {
+        Filler { parts, fills: Fills::default(), bandwidth }
     }
 
     /// Follows a new assignment (`Fills::update`).
@@ -266,7 +249,7 @@ impl Filler {
         if !self.fills.any.load(Ordering::Acquire) {
             return None;
         }
-        let len = self.rows.tlt_len();
+        let len = self.parts.rows.tlt_len();
         if len == 0 {
             return None;
         }
@@ -300,7 +283,7 @@ impl Filler {
             match self.copy_pending(blob, tract) {
                 None => Ok(()),
                 Some((row, version, sources)) => {
-                    let r = if self.store.planted(crate::store::PlantedBug::SkipCopy) {
+                    let r = if self.parts.store.planted(crate::store::PlantedBug::SkipCopy) {
                         Ok(())
                     } else {
                         self.copy_tract(row, version, &sources, blob, tract).await
@@ -329,9 +312,9 @@ impl Filler {
         let req = Request::CopyTract { row, row_version: version, tract: RowTract { blob, tract } };
         let last = match sources.first() {
             None => String::from("the row has no complete member"),
-            Some(src) => match self.peers.call_data(*src, &req).await {
+            Some(src) => match self.parts.peers.call_data(*src, &req).await {
                 Ok((Reply::TractCopy { incarnation, bitmap, crcs }, data)) => {
-                    match parse_copy(self.store.tract_size(), incarnation, &bitmap, crcs, data) {
+                    match parse_copy(self.parts.store.tract_size(), incarnation, &bitmap, crcs, data) {
                         Some(c) => return self.install(version, blob, tract, c).await,
                         None => format!("{src} sent a malformed copy"),
                     }
@@ -350,12 +333,12 @@ impl Filler {
     async fn install(&self, version: u64, blob: BlobId, tract: TractNo, c: Copied) -> Result<(), ErrorReply> {
         // Whatever was here is stale: this server may have held the row
         // long ago, or a copy was cut off by a restart.
-        if let Some(old) = self.store.incarnation_of(blob, tract).await {
-            self.store.delete(blob, old, tract).await.map_err(store_err)?;
+        if let Some(old) = self.parts.store.incarnation_of(blob, tract).await {
+            self.parts.store.delete(blob, old, tract).await.map_err(store_err)?;
         }
         if c.incarnation == 0 || c.runs.is_empty() {
             if tract.is_meta() {
-                self.metas.set(blob, None);
+                self.parts.metas.set(blob, None);
             }
             return Ok(());
         }
@@ -375,14 +358,14 @@ impl Filler {
                 crcs,
                 durability: Durability::Cached,
             };
-            self.store.write_with(w, crate::store::ALWAYS).await.map_err(store_err)?;
+            self.parts.store.write_with(w, crate::store::ALWAYS).await.map_err(store_err)?;
             at += n;
         }
-        self.store.sync().await.map_err(store_err)?;
+        self.parts.store.sync().await.map_err(store_err)?;
         if tract.is_meta() {
             match decode_meta(&c.data) {
                 Some(m) if m.blob == blob && m.incarnation == c.incarnation => {
-                    self.metas.set(m.blob, Some(m))
+                    self.parts.metas.set(m.blob, Some(m))
                 }
                 _ => tracing::warn!(%blob, "copied metadata tract holds no valid record"),
             }
@@ -397,7 +380,7 @@ impl Filler {
         if self.bandwidth == 0 {
             return;
         }
-        let now = self.env.now();
+        let now = self.parts.env.now();
         let end = {
             let mut p = lock(&self.fills.paced_until);
             let start = p.map_or(now, |t| t.max(now));
@@ -406,7 +389,7 @@ impl Filler {
             end
         };
         if end > now {
-            self.env.sleep(end - now).await;
+            self.parts.env.sleep(end - now).await;
         }
     }
 
@@ -414,16 +397,16 @@ impl Filler {
     /// The caller has checked that this server is a complete member of
     /// `row` at the version asked (`TractService::check_source`).
     pub async fn serve_copy(&self, row: u32, t: RowTract) -> Result<(Reply, Bytes), ErrorReply> {
-        if locator(t.blob, t.tract, self.rows.tlt_len()) as u32 != row {
+        if locator(t.blob, t.tract, self.parts.rows.tlt_len()) as u32 != row {
             return Err(ErrorReply::new(
                 ErrorCode::BadRequest,
                 format!("tract {} is not in row {row}", t.tract),
             ));
         }
-        let Some(inc) = self.store.incarnation_of(t.blob, t.tract).await else {
+        let Some(inc) = self.parts.store.incarnation_of(t.blob, t.tract).await else {
             return Ok((Reply::TractCopy { incarnation: 0, bitmap: vec![], crcs: vec![] }, Bytes::new()));
         };
-        let bitmap = self.store.mapped(t.blob, inc, t.tract).await;
+        let bitmap = self.parts.store.mapped(t.blob, inc, t.tract).await;
         let mut data = Vec::new();
         let mut crcs = Vec::new();
         let present: Vec<u32> = (0..bitmap.len() as u32 * 8)
@@ -443,16 +426,19 @@ impl Filler {
             while i + n < present.len() && present[i + n] == present[i] + n as u32 {
                 n += 1;
             }
-            let read =
-                self.store.read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE).await;
+            let read = self
+                .parts
+                .store
+                .read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE)
+                .await;
             let (b, c) = match read {
                 // Not while this server heals the tract itself: the asker
                 // may be the peer it asked (`scrub::Heals`).
                 Err(e @ StoreError::Corrupt { chunk, .. })
-                    if heals < present.len() && !self.healer.healing(t.blob, t.tract) =>
+                    if heals < present.len() && !self.parts.healer.healing(t.blob, t.tract) =>
                 {
                     heals += 1;
-                    if self.healer.heal_chunk(t.blob, inc, t.tract, chunk).await {
+                    if self.parts.healer.heal_chunk(t.blob, inc, t.tract, chunk).await {
                         continue;
                     }
                     return Err(store_err(e));
@@ -469,9 +455,10 @@ impl Filler {
     /// Serves `ListRowTracts`: a page of the tracts this server holds in
     /// `row` (checked by the caller as for [`Filler::serve_copy`]).
     pub fn serve_list(&self, row: u32, after: Option<RowTract>) -> Reply {
-        let len = self.rows.tlt_len();
+        let len = self.parts.rows.tlt_len();
         let after = after.map(|a| (a.blob, a.tract));
         let mut tracts: Vec<RowTract> = self
+            .parts
             .store
             .tracts()
             .into_iter()
@@ -514,7 +501,7 @@ impl Filler {
                 biased;
                 _ = shutdown.wait() => return,
                 _ = self.fills.wake.notified() => {}
-                _ = self.env.sleep(pause) => {}
+                _ = self.parts.env.sleep(pause) => {}
             }
         }
     }
@@ -525,7 +512,7 @@ impl Filler {
         else {
             return Ok(());
         };
-        let started = self.env.now();
+        let started = self.parts.env.now();
         let tracts = self.list_row(row, version, &sources).await?;
         if let Some(f) = lock(&self.fills.rows).get_mut(&row) {
             f.listed = tracts.len() as u64;
@@ -559,7 +546,7 @@ impl Filler {
         f.complete = true;
         // Rows are copied concurrently: this counts every row's bytes.
         let bytes_all_rows = self.fills.bytes_done.load(Ordering::Relaxed) - bytes_before;
-        let secs = self.env.now().duration_since(started).as_secs_f64();
+        let secs = self.parts.env.now().duration_since(started).as_secs_f64();
         tracing::info!(row, version, tracts = tracts.len(), bytes_all_rows, secs, "row copied");
         Ok(())
     }
@@ -572,8 +559,9 @@ impl Filler {
     /// reads are served without asking whether a tract was copied, so such
     /// a tract must not outlive the fill.
     async fn purge_uncopied(&self, row: u32) -> Result<(), ErrorReply> {
-        let len = self.rows.tlt_len();
+        let len = self.parts.rows.tlt_len();
         let stale: Vec<(BlobId, TractNo)> = self
+            .parts
             .store
             .tracts()
             .into_iter()
@@ -587,13 +575,13 @@ impl Filler {
                 // A write may have copied it meanwhile (under this lock).
                 match self.copy_pending(key.0, key.1) {
                     None => Ok(()),
-                    Some(_) => match self.store.incarnation_of(key.0, key.1).await {
+                    Some(_) => match self.parts.store.incarnation_of(key.0, key.1).await {
                         Some(inc) => {
                             tracing::info!(blob = %key.0, tract = %key.1, row, "freeing a stale tract the source does not hold");
                             if key.1.is_meta() {
-                                self.metas.set(key.0, None);
+                                self.parts.metas.set(key.0, None);
                             }
-                            self.store.delete(key.0, inc, key.1).await.map(|_| ()).map_err(store_err)
+                            self.parts.store.delete(key.0, inc, key.1).await.map(|_| ()).map_err(store_err)
                         }
                         None => Ok(()),
                     },
@@ -617,7 +605,7 @@ impl Filler {
         let mut after = None;
         loop {
             let req = Request::ListRowTracts { row, row_version: version, after };
-            let last = match self.peers.call_data(*src, &req).await {
+            let last = match self.parts.peers.call_data(*src, &req).await {
                 Ok((Reply::RowTracts { tracts, more }, _)) => {
                     after = tracts.last().copied();
                     out.extend(tracts);

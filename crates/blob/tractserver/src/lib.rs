@@ -19,6 +19,7 @@ pub mod fill;
 pub mod heal;
 pub mod layout;
 pub mod metrics;
+pub(crate) mod parts;
 pub mod peers;
 pub mod rows;
 pub mod scrub;

@@ -36,6 +36,21 @@ impl TractService {
                 "fdatasync calls (group commits).",
                 self.store.syncs() as f64,
             )
+            .gauge(
+                "blizzard_journal_bytes_used",
+                "Bytes of the chunk-entry journal's ring holding records not yet checkpointed.",
+                self.store.journal_usage().0 as f64,
+            )
+            .gauge(
+                "blizzard_journal_bytes",
+                "Bytes of the chunk-entry journal's ring.",
+                self.store.journal_usage().1 as f64,
+            )
+            .counter(
+                "blizzard_journal_checkpoints_total",
+                "Journal checkpoints (chunk entries copied into the chunk table).",
+                self.store.journal_checkpoints() as f64,
+            )
             .counter(
                 "blizzard_corrupt_reads_total",
                 "Chunk reads that failed their CRC.",

@@ -42,16 +42,12 @@ use std::time::Duration;
 use blizzard_core::limits::CHUNK_SIZE;
 use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, Incarnation, TractNo};
-use blizzard_env::Env;
 use blizzard_proto::{Reply, Request};
 use blizzard_rpc::Shutdown;
 
-use crate::blob_meta::BlobMetas;
 use crate::fill::Filler;
-use crate::heal::Healer;
-use crate::peers::Peers;
-use crate::rows::SharedRows;
-use crate::store::{Store, StoreError};
+use crate::parts::Parts;
+use crate::store::StoreError;
 
 /// Bytes read per scrub step: small enough to pace smoothly.
 const STEP: u32 = 256 << 10;
@@ -76,12 +72,7 @@ pub struct ScrubStats {
 
 /// Re-reads, checks and repairs this server's chunks; frees orphans.
 pub struct Scrubber {
-    env: Env,
-    store: Arc<Store>,
-    peers: Arc<Peers>,
-    rows: Arc<SharedRows>,
-    metas: Arc<BlobMetas>,
-    healer: Arc<Healer>,
+    parts: Parts,
     /// Asked whether a tract is still being copied here (not ours to judge).
     filler: Arc<Filler>,
     /// Bytes per second re-read (0: no scrubbing).
@@ -90,18 +81,8 @@ pub struct Scrubber {
 }
 
 impl Scrubber {
-    #[allow(clippy::too_many_arguments)] // each part it works with, named
-    pub(crate) fn new(
-        env: Env,
-        store: Arc<Store>,
-        peers: Arc<Peers>,
-        rows: Arc<SharedRows>,
-        metas: Arc<BlobMetas>,
-        healer: Arc<Healer>,
-        filler: Arc<Filler>,
-        bandwidth: u64,
-    ) -> Scrubber {
-        Scrubber { env, store, peers, rows, metas, healer, filler, bandwidth, stats: ScrubStats::default() }
+    pub(crate) fn new(parts: Parts, filler: Arc<Filler>, bandwidth: u64) -> Scrubber {
+        Scrubber { parts, filler, bandwidth, stats: ScrubStats::default() }
     }
 
     /// What the scrubber has done since this server started.
@@ -116,9 +97,9 @@ impl Scrubber {
         }
         loop {
             // The table for this pass, to find each blob's metadata primary.
-            let tlt = self.peers.fetch_tlt().await.ok();
+            let tlt = self.parts.peers.fetch_tlt().await.ok();
             let mut suspects = std::collections::HashMap::new();
-            for (blob, tract) in self.store.tracts() {
+            for (blob, tract) in self.parts.store.tracts() {
                 tokio::select! {
                     biased;
                     _ = shutdown.wait() => return,
@@ -131,7 +112,7 @@ impl Scrubber {
             tokio::select! {
                 biased;
                 _ = shutdown.wait() => return,
-                _ = self.env.sleep(Duration::from_secs(1)) => {}
+                _ = self.parts.env.sleep(Duration::from_secs(1)) => {}
             }
         }
     }
@@ -147,11 +128,11 @@ impl Scrubber {
         if self.filler.copy_pending(blob, tract).is_some() {
             return;
         }
-        let Some(inc) = self.store.incarnation_of(blob, tract).await else { return };
-        let me = self.store.disk_id();
-        let len = self.rows.tlt_len();
+        let Some(inc) = self.parts.store.incarnation_of(blob, tract).await else { return };
+        let me = self.parts.store.disk_id();
+        let len = self.parts.rows.tlt_len();
         let row = locator(blob, tract, len.max(1)) as u32;
-        let held = |svc: &Self| svc.rows.with(|r| r.assignment.rows.iter().any(|r| r.row == row));
+        let held = |svc: &Self| svc.parts.rows.with(|r| r.assignment.rows.iter().any(|r| r.row == row));
         // Not ours: neither this server's assignment nor the table clients
         // are served gives it the row. The assignment alone is not enough:
         // a change round that failed part-way (a pending member's commit,
@@ -179,9 +160,9 @@ impl Scrubber {
                 // a pending entry, say) since the pass began.
                 let still = !not_mine || (!held(self) && self.filler.copy_pending(blob, tract).is_none());
                 if before == Some(inc) && still {
-                    if let Ok(true) = self.store.delete(blob, inc, tract).await {
+                    if let Ok(true) = self.parts.store.delete(blob, inc, tract).await {
                         if tract.is_meta() {
-                            self.metas.set(blob, None);
+                            self.parts.metas.set(blob, None);
                         }
                         self.stats.orphans_freed.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(%blob, %tract, not_mine, "freed a tract of a blob that no longer exists or of a row this server left");
@@ -192,7 +173,7 @@ impl Scrubber {
                 return;
             }
         }
-        let bitmap = self.store.mapped(blob, inc, tract).await;
+        let bitmap = self.parts.store.mapped(blob, inc, tract).await;
         let chunks = bitmap.len() as u32 * 8;
         let mut c = 0;
         while c < chunks {
@@ -200,15 +181,15 @@ impl Scrubber {
                 c += 1;
                 continue;
             }
-            let len = STEP.min((chunks - c) * CHUNK_SIZE).min(self.store.tract_size() - c * CHUNK_SIZE);
-            match self.store.read(blob, inc, tract, c * CHUNK_SIZE, len).await {
+            let len = STEP.min((chunks - c) * CHUNK_SIZE).min(self.parts.store.tract_size() - c * CHUNK_SIZE);
+            match self.parts.store.read(blob, inc, tract, c * CHUNK_SIZE, len).await {
                 Ok(_) => c += len / CHUNK_SIZE,
                 Err(StoreError::Corrupt { chunk, .. }) => {
                     self.stats.damaged.fetch_add(1, Ordering::Relaxed);
                     let key = (blob, tract, chunk);
                     let lock = || self.stats.unrepairable.lock().unwrap_or_else(|p| p.into_inner());
                     let again = lock().contains(&key);
-                    if self.healer.repair(blob, inc, tract, chunk, again).await {
+                    if self.parts.healer.repair(blob, inc, tract, chunk, again).await {
                         self.stats.repaired.fetch_add(1, Ordering::Relaxed);
                         lock().remove(&key);
                     } else {
@@ -225,7 +206,7 @@ impl Scrubber {
                 }
             }
             self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
-            self.env.sleep(Duration::from_secs_f64(len as f64 / self.bandwidth as f64)).await;
+            self.parts.env.sleep(Duration::from_secs_f64(len as f64 / self.bandwidth as f64)).await;
         }
     }
 
@@ -240,7 +221,11 @@ impl Scrubber {
     ) -> Option<bool> {
         let row = &tlt.rows[tlt.locate(blob, TractNo::META)];
         let primary = tlt.members.get(*row.members.first()? as usize)?;
-        match self.peers.call_addr(&primary.addr, &Request::GetBlob { blob, row_version: row.version }).await
+        match self
+            .parts
+            .peers
+            .call_addr(&primary.addr, &Request::GetBlob { blob, row_version: row.version })
+            .await
         {
             Ok(Reply::Blob(m)) => Some(m.incarnation == inc),
             Err(e) if e.remote().is_some_and(|r| r.code == blizzard_proto::ErrorCode::NoSuchBlob) => {

@@ -44,6 +44,11 @@ pub struct TractServerConfig {
     /// Where to serve Prometheus metrics over HTTP (`GET /metrics`), if anywhere.
     pub metrics_listen: Option<String>,
     pub limits: ServerLimits,
+    /// Bytes of the chunk-entry journal's ring when the disk is formatted
+    /// (`None`: the default for its size, `layout::journal_len_for`). The
+    /// simulator gives its small disks a tiny ring, so checkpoints and
+    /// crashes inside them happen all the time.
+    pub journal_len: Option<u64>,
     /// A bug planted on purpose (simulator and tests only).
     #[doc(hidden)]
     pub planted_bug: crate::store::PlantedBug,
@@ -65,6 +70,7 @@ impl TractServerConfig {
             scrub_bandwidth: 0,
             metrics_listen: None,
             limits: ServerLimits::default(),
+            journal_len: None,
             planted_bug: crate::store::PlantedBug::None,
         }
     }
@@ -130,7 +136,8 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         Err(StoreError::Layout(LayoutError::Unformatted)) => {
             let params = cluster_params(&env, &meta).await;
             tracing::info!(disk = %path, tract_size = params.tract_size, "formatting new disk");
-            Store::format(disk, TsId(env.random_u128()), params.tract_size, env.clock.as_ref())
+            let id = TsId(env.random_u128());
+            Store::format_with(disk, id, params.tract_size, env.clock.as_ref(), cfg.journal_len)
                 .await
                 .map_err(|error| TractServerError::Store { path: path.clone(), error })?
         }
@@ -181,6 +188,19 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         tokio::spawn(heartbeat_loop(env.clone(), service.clone(), cfg, addr.clone(), rx.clone())),
         tokio::spawn(service.fill.clone().fill_loop(rx.clone())),
         tokio::spawn(service.scrub.clone().scrub_loop(rx.clone())),
+        tokio::spawn({
+            // Checkpoints of the chunk-entry journal, started at half full
+            // so writes rarely wait for room (`store::journal`).
+            let store = service.store.clone();
+            let mut rx = rx.clone();
+            async move {
+                tokio::select! {
+                    biased;
+                    _ = rx.wait() => {}
+                    _ = store.checkpoint_loop() => {}
+                }
+            }
+        }),
     ];
     if let Some(l) = metrics {
         tracing::info!(addr = %l.local_addr(), "metrics at /metrics");

@@ -33,6 +33,7 @@ use blizzard_rpc::{Caller, Service};
 use crate::blob_meta::{self, decode_meta, encode_meta, BlobMetas, MetaOp, Planned};
 use crate::fill::Filler;
 use crate::heal::Healer;
+use crate::parts::Parts;
 use crate::peers::Peers;
 use crate::rows::{check_data_tract, SharedRows, Standing, Turn};
 pub use crate::rows::{RowIndex, BLOB_TRACTS_MAX};
@@ -90,25 +91,16 @@ impl TractService {
         let rows = Arc::new(SharedRows::new(rows));
         let metas = Arc::new(BlobMetas::default());
         let healer = Arc::new(Healer::new(store.clone(), peers.clone(), rows.clone()));
-        let fill = Arc::new(Filler::new(
-            env.clone(),
-            store.clone(),
-            peers.clone(),
-            rows.clone(),
-            metas.clone(),
-            healer.clone(),
-            fill_bandwidth,
-        ));
-        let scrub = Arc::new(Scrubber::new(
-            env.clone(),
-            store.clone(),
-            peers.clone(),
-            rows.clone(),
-            metas.clone(),
-            healer.clone(),
-            fill.clone(),
-            scrub_bandwidth,
-        ));
+        let parts = Parts {
+            env: env.clone(),
+            store: store.clone(),
+            peers: peers.clone(),
+            rows: rows.clone(),
+            metas: metas.clone(),
+            healer: healer.clone(),
+        };
+        let fill = Arc::new(Filler::new(parts.clone(), fill_bandwidth));
+        let scrub = Arc::new(Scrubber::new(parts, fill.clone(), scrub_bandwidth));
         TractService {
             boot: env.random_u64(),
             peers,

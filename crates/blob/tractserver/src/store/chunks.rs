@@ -10,18 +10,18 @@ use super::*;
 
 impl Store {
     /// Chunk entries `first..first + n` of a slot and the data of those
-    /// chunks, as the disk holds them now.
+    /// chunks, as a restart would find them after a change that failed
+    /// part-way: `before`, the entries memory had, except where one of the
+    /// change's `appended` journal records reads back whole.
     pub(super) async fn read_back(
         &self,
         slot: u32,
         first: u32,
         n: u32,
+        before: Vec<ChunkEntry>,
+        appended: &[Appended],
     ) -> io::Result<(Vec<ChunkEntry>, Bytes)> {
-        let table = self
-            .disk
-            .read_at(self.layout.chunk_entry_offset(slot, first), (n as u64 * CHUNK_ENTRY_LEN) as usize)
-            .await?;
-        let entries = table.chunks_exact(CHUNK_ENTRY_LEN as usize).map(ChunkEntry::decode).collect();
+        let entries = self.entries_after(first, before, appended).await?;
         let data = self
             .disk
             .read_at(self.layout.data_offset_of(slot, first * CHUNK_SIZE), (n * CHUNK_SIZE) as usize)
@@ -366,6 +366,7 @@ impl Store {
         chunk: u32,
         data: Bytes,
     ) -> Result<bool, StoreError> {
+        let mut credit = self.journal_credit(1).await?;
         // An unwritten chunk reads as zeros: nothing to heal.
         let Some(LockedChunk { slot, mut g, entry: e, at, now }) =
             self.lock_written_chunk(blob, incarnation, tract, chunk, data.len()).await?
@@ -377,15 +378,15 @@ impl Store {
         }
         let healed =
             ChunkEntry { crc: crc32c(&data), generation: e.generation, prev_crc: 0, prev_generation: 0 };
-        let mut entry = Vec::with_capacity(CHUNK_ENTRY_LEN as usize);
-        healed.encode_into(&mut entry);
+        let record = self.journal.append(&mut credit, slot, chunk, &[healed]);
+        drop(credit);
         // Data, then entry: cut off in between, the chunk is as unreadable
         // as before. Memory changes only once both are on disk.
         {
             let _slot = self.writers.acquire().await;
-            self.disk
-                .write_at(vec![(at, data), (self.layout.chunk_entry_offset(slot, chunk), Bytes::from(entry))])
-                .await?;
+            let mut writes = vec![(at, data)];
+            writes.extend(record.iter().map(|a| (a.at, a.bytes.clone())));
+            self.disk.write_at(writes).await?;
         }
         if let Some(c) = g.chunks.get_mut(chunk as usize) {
             *c = healed;

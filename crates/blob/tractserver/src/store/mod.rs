@@ -2,9 +2,9 @@
 //! memory, rebuilt from the disk at start (FDS §2.1).
 //!
 //! Invariants:
-//! - A write is acknowledged only after its data, its chunk entries and (if
-//!   new) its slot entry are durable: written, then covered by a group
-//!   commit (`commit.rs`).
+//! - A write is acknowledged only after its data, its chunk entries (as
+//!   journal records, `journal.rs`) and (if new) its slot entry are
+//!   durable: written, then covered by a group commit.
 //! - Stored bytes are returned only after their chunk CRC verified; a chunk
 //!   that fails is reported `Corrupt`, never returned.
 //! - A chunk entry counts only if its generation equals its slot's; a slot's
@@ -19,8 +19,10 @@
 //!   unsettled chunk is read by the next digest; a disk whose failed write
 //!   could not be read back answers no digest at all).
 //!
-//! Recovery at open, case by case: `open.rs`. Reads, digests, repairs and
-//! heals of chunks: `chunks.rs`.
+//! Recovery at open, case by case: `open.rs` (and the journal's cases,
+//! `journal.rs`). Reads, digests, repairs and heals of chunks: `chunks.rs`.
+//! Chunk entries reach the disk through the journal, never in place but
+//! by its checkpoints (`journal.rs`).
 //!
 //! A process killed in the middle of a write leaves every chunk old or new:
 //! first writes put data before the chunk entry, overwrites put the entry
@@ -57,9 +59,11 @@ use crate::layout::{
 use blizzard_env::GroupCommit;
 
 mod chunks;
+mod journal;
 mod open;
 
 use chunks::take_from_disk;
+use journal::{Appended, Journal};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -228,6 +232,10 @@ pub enum PlantedBug {
     /// `crate::fence`): a crashed writer's late requests land after its
     /// successor reconciled.
     NoWriterFence,
+    /// A journal checkpoint moves the head past its records without
+    /// writing their entries into the chunk table (`journal.rs`): after
+    /// a restart, what they recorded is gone.
+    CheckpointSkipsTable,
 }
 
 /// Tract writes handed to the disk at once. Buffered writes to one file
@@ -243,6 +251,8 @@ pub struct Store {
     index: Mutex<Index>,
     slots: Vec<RwLock<SlotState>>,
     commit: GroupCommit,
+    /// Where chunk entries go (`journal.rs`).
+    journal: Journal,
     positions: tokio::sync::Mutex<(u64, Option<Vec<u8>>)>,
     pub stats: StoreStats,
 }
@@ -468,10 +478,14 @@ impl Store {
         entry_dirty: bool,
         entry_before: SlotEntry,
         chunks_before: Option<(Vec<ChunkEntry>, ChunkSet)>,
-        first_chunk: u32,
-        chunks: u32,
+        changed: Changed<'_>,
     ) {
+        let Changed { first_chunk, chunks, appended } = changed;
         let meant = g.entry;
+        // Where the write's records did not reach the disk, the entries a
+        // restart reads are those from before it: a new incarnation's
+        // write had reset memory's, so they are the old ones.
+        let before = entry_range(chunks_before.as_ref().map_or(&g.chunks, |(c, _)| c), first_chunk, chunks);
         let read = async {
             let record = if entry_dirty {
                 let b =
@@ -480,7 +494,7 @@ impl Store {
             } else {
                 None
             };
-            let back = self.read_back(slot, first_chunk, chunks).await?;
+            let back = self.read_back(slot, first_chunk, chunks, before, appended).await?;
             Ok::<_, io::Error>((record, back))
         }
         .await;
@@ -530,9 +544,10 @@ impl Store {
         g: &mut SlotState,
         (blob, tract): (BlobId, TractNo),
         freeing: bool,
-        first_chunk: u32,
-        chunks: u32,
+        changed: Changed<'_>,
     ) {
+        let Changed { first_chunk, chunks, appended } = changed;
+        let before = entry_range(&g.chunks, first_chunk, chunks);
         let read = async {
             let record = if freeing {
                 let b =
@@ -541,7 +556,7 @@ impl Store {
             } else {
                 None
             };
-            let back = self.read_back(slot, first_chunk, chunks).await?;
+            let back = self.read_back(slot, first_chunk, chunks, before, appended).await?;
             Ok::<_, io::Error>((record, back))
         }
         .await;
@@ -629,6 +644,9 @@ impl Store {
             return Err(StoreError::BadCrc(p));
         }
 
+        // Room in the journal for this write's records, before the slot
+        // lock (`journal.rs`: a change waiting for room holds no lock).
+        let mut credit = self.journal_credit(piece_count(offset, len) as u32).await?;
         let (slot, mut g, fresh) = self.lock_slot_for_write(blob, tract, incarnation, version).await?;
         if !current() {
             if fresh {
@@ -803,12 +821,12 @@ impl Store {
         }
         flush_run(run, &mut first, &mut over);
         debug_assert_eq!(new_entries.len(), piece_count(offset, len));
-        let mut table = Vec::with_capacity(new_entries.len() * CHUNK_ENTRY_LEN as usize);
-        for e in &new_entries {
-            e.encode_into(&mut table);
-        }
+        // The entries go to the journal where the chunk table's piece went:
+        // after first-written data, before overwritten data.
+        let appended = self.journal.append(&mut credit, slot, first_chunk, &new_entries);
+        drop(credit);
         let mut writes = first;
-        writes.push((self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
+        writes.extend(appended.iter().map(|a| (a.at, a.bytes.clone())));
         writes.extend(over);
         if entry_dirty {
             writes.push((self.layout.slot_entry_offset(slot), Bytes::copy_from_slice(&g.entry.encode())));
@@ -827,8 +845,7 @@ impl Store {
                 entry_dirty,
                 entry_before,
                 chunks_before,
-                first_chunk,
-                new_entries.len() as u32,
+                Changed { first_chunk, chunks: new_entries.len() as u32, appended: &appended },
             )
             .await;
             return Err(e.into());
@@ -874,6 +891,7 @@ impl Store {
         let Some(cell) = self.slots.get(slot as usize) else {
             return Ok(());
         };
+        let mut credit = self.journal_credit(piece_count(offset, len) as u32).await?;
         let mut g = cell.write().await;
         if !current() {
             return Err(StoreError::Superseded);
@@ -914,11 +932,11 @@ impl Store {
                 writes.push((self.layout.data_offset_of(slot, chunk * CHUNK_SIZE), merged.freeze()));
             }
         }
-        let mut table = Vec::with_capacity(new_entries.len() * CHUNK_ENTRY_LEN as usize);
-        for e in &new_entries {
-            e.encode_into(&mut table);
-        }
-        writes.insert(0, (self.layout.chunk_entry_offset(slot, first_chunk), Bytes::from(table)));
+        // Entries (the journal's records) before the partial chunks' data,
+        // as for any overwrite.
+        let appended = self.journal.append(&mut credit, slot, first_chunk, &new_entries);
+        drop(credit);
+        writes.splice(0..0, appended.iter().map(|a| (a.at, a.bytes.clone())));
         let range = first_chunk as usize..first_chunk as usize + new_entries.len();
         let empty = g.chunks.iter().enumerate().all(|(i, c)| {
             let c = if range.contains(&i) { &new_entries[i - range.start] } else { c };
@@ -939,8 +957,14 @@ impl Store {
         };
         if let Err(e) = written {
             tracing::error!(slot, error = %e, "tract trim failed");
-            self.undo_failed_trim(slot, &mut g, (blob, tract), empty, first_chunk, new_entries.len() as u32)
-                .await;
+            self.undo_failed_trim(
+                slot,
+                &mut g,
+                (blob, tract),
+                empty,
+                Changed { first_chunk, chunks: new_entries.len() as u32, appended: &appended },
+            )
+            .await;
             return Err(e.into());
         }
         if empty {
@@ -1045,6 +1069,20 @@ impl Store {
         let slot = self.index().map.get(&(blob, tract)).copied()?;
         Some(self.layout.data_offset_of(slot, 0))
     }
+}
+
+/// The chunks a change that failed part-way covered, and the journal
+/// records it appended for them: what its undo reads back.
+struct Changed<'a> {
+    first_chunk: u32,
+    chunks: u32,
+    appended: &'a [Appended],
+}
+
+/// Entries `first..first + n` of a slot's chunk entries (unwritten ones
+/// past its end, for a slot that holds none).
+fn entry_range(chunks: &[ChunkEntry], first: u32, n: u32) -> Vec<ChunkEntry> {
+    (first..first + n).map(|c| chunks.get(c as usize).copied().unwrap_or_default()).collect()
 }
 
 /// The wire error for a store error: what a request handler answers.

@@ -19,7 +19,12 @@
 //! | chunk bytes match the entry's previous CRC | the write was cut off before its data: old contents |
 //! | chunk bytes match neither CRC             | `Corrupt` (client reads another replica) |
 //! | overwrite entry (previous CRC kept)       | unsettled: the first digest reads the bytes; memory takes the CRC they match |
+//! | journal records after the head            | applied onto the chunk table first, in `seq` order (`journal.rs` has the journal's own cases); every case above then reads the result |
 //! | a partial overwrite torn by power loss (entry new, bytes mixed in its range) | `Corrupt`; the same write again merges into the raw bytes to the entry's CRC and makes it whole (`write_with`); any other partial write is refused |
+
+use std::collections::BTreeMap;
+
+use crate::layout::journal::{self as jformat, Head, Record, JOURNAL_HEAD_LEN};
 
 use super::*;
 
@@ -31,7 +36,21 @@ impl Store {
         tract_size: u32,
         clock: &dyn Clock,
     ) -> Result<Store, StoreError> {
-        let mut layout = Layout::plan(disk_id, tract_size, disk.len())?;
+        Self::format_with(disk, disk_id, tract_size, clock, None).await
+    }
+
+    /// [`Store::format`] with a journal ring of `journal_len` bytes instead
+    /// of the default (`Layout::plan_with`): the simulator gives its small
+    /// disks a tiny ring so that checkpoints, and crashes inside them,
+    /// happen all the time.
+    pub async fn format_with(
+        disk: Arc<dyn Disk>,
+        disk_id: TsId,
+        tract_size: u32,
+        clock: &dyn Clock,
+        journal_len: Option<u64>,
+    ) -> Result<Store, StoreError> {
+        let mut layout = Layout::plan_with(disk_id, tract_size, disk.len(), journal_len)?;
         layout.disk_mbps = measure_write_speed(&disk, &layout, clock).await?;
         // Zero the positions, slot table and chunk table: a device reused
         // from an earlier format must not leak its old tenants. The
@@ -66,6 +85,34 @@ impl Store {
             }
         }
 
+        // The journal: the records the chunk table may lack, by slot.
+        let (head, head_slot) = Head::newest(
+            &disk.read_at(layout.journal_head_offset(0), JOURNAL_HEAD_LEN as usize).await?,
+            &disk.read_at(layout.journal_head_offset(1), JOURNAL_HEAD_LEN as usize).await?,
+        );
+        let ring = disk.read_at(layout.journal_ring_offset(), layout.journal_len as usize).await?;
+        let found = jformat::scan(&ring, layout.slot_count, layout.chunks_per_tract());
+        drop(ring);
+        let replay = jformat::replay(found, head, layout.journal_len)
+            .map_err(|e| StoreError::Io(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+        let replayed = replay.records.len();
+        let mut journaled: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
+        let mut dirty: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+        for r in replay.records {
+            let (lo, hi) = (r.first_chunk, r.first_chunk + r.entries.len() as u32);
+            let range = dirty.entry(r.slot).or_insert((lo, hi));
+            *range = (range.0.min(lo), range.1.max(hi));
+            journaled.entry(r.slot).or_default().push(r);
+        }
+        if replayed > 0 {
+            tracing::info!(
+                records = replayed,
+                slots = dirty.len(),
+                from_seq = head.seq,
+                "replaying the chunk-entry journal"
+            );
+        }
+
         let n = layout.slot_count;
         let mut records = Vec::with_capacity(n as usize);
         let per_read = (RECOVERY_READ_BYTES / SLOT_ENTRY_LEN) as u32;
@@ -89,8 +136,16 @@ impl Store {
                 .await?;
             for (i, table) in b.chunks_exact((cpt as u64 * CHUNK_ENTRY_LEN) as usize).enumerate() {
                 let slot = s + i as u32;
-                let chunks: Vec<ChunkEntry> =
+                let mut chunks: Vec<ChunkEntry> =
                     table.chunks_exact(CHUNK_ENTRY_LEN as usize).map(ChunkEntry::decode).collect();
+                // As if each record had been written in place, in order.
+                for r in journaled.remove(&slot).into_iter().flatten() {
+                    for (k, e) in r.entries.into_iter().enumerate() {
+                        if let Some(c) = chunks.get_mut(r.first_chunk as usize + k) {
+                            *c = e;
+                        }
+                    }
+                }
                 let max_chunk_gen = chunks.iter().map(|c| c.generation).max().unwrap_or(0);
                 let state = match records[slot as usize] {
                     SlotRecord::Blank => {
@@ -181,7 +236,9 @@ impl Store {
             quarantined = index.quarantined,
             "opened tract store"
         );
+        let journal = Journal::new(&layout, (head, head_slot), replay.cursor, replay.next_seq, dirty);
         Ok(Store {
+            journal,
             writers: tokio::sync::Semaphore::new(DISK_WRITERS_MAX),
             planted: std::sync::atomic::AtomicU8::new(0),
             commit: GroupCommit::new(disk.clone()),

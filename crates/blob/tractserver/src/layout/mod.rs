@@ -7,11 +7,16 @@
 //!                     tract size, slot count, region offsets, CRC
 //! positions           two 1 MiB slots, written alternately, each holding
 //!                     the TLT assignment with a sequence number and CRC
+//! journal             two 4 KiB head slots, then a ring of chunk-entry
+//!                     records (`journal`): every change of a chunk entry
+//!                     is appended here; the chunk table below is brought
+//!                     up to date by checkpoints
 //! slot table          one 64-byte entry per tract slot: which tract lives
 //!                     there, its generation, allocation sequence, CRC
-//! chunk table         one 8-byte entry per 4 KiB chunk of every slot:
+//! chunk table         one 16-byte entry per 4 KiB chunk of every slot:
 //!                     the chunk's CRC32C and the slot generation it was
-//!                     written under
+//!                     written under, and the CRC before the latest write
+//!                     (as of the last checkpoint; the journal has the rest)
 //! data                the tract slots, `tract_size` bytes each
 //! ```
 //!
@@ -23,11 +28,17 @@ use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{tract_size_valid, CHUNK_SIZE};
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 
+pub mod journal;
+
+use journal::{JOURNAL_HEAD_LEN, RECORD_ALIGN};
+
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZTRACT";
 /// 2: chunk entries keep the previous CRC (16 bytes each).
 /// 3: the positions record names each row's filling members.
 /// 4: and its pending members (cluster growth, FDS §3.4).
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: chunk entries are journaled (a ring of records before the slot
+///    table) and checkpointed into the chunk table.
+pub const FORMAT_VERSION: u32 = 5;
 pub const SUPERBLOCK_LEN: u64 = 4096;
 pub const POSITIONS_SLOT_LEN: u64 = 1 << 20;
 pub const SLOT_ENTRY_LEN: u64 = 64;
@@ -64,6 +75,10 @@ pub struct Layout {
     pub tract_size: u32,
     pub slot_count: u32,
     pub positions_offset: u64,
+    /// The journal's two head slots; its ring follows them.
+    pub journal_offset: u64,
+    /// Bytes of the journal's ring ([`journal_len_for`]).
+    pub journal_len: u64,
     pub slot_table_offset: u64,
     pub chunk_table_offset: u64,
     pub data_offset: u64,
@@ -76,19 +91,40 @@ pub struct Layout {
 impl Layout {
     /// The largest layout that fits a disk of `disk_len` bytes.
     pub fn plan(disk_id: TsId, tract_size: u32, disk_len: u64) -> Result<Layout, LayoutError> {
+        Self::plan_with(disk_id, tract_size, disk_len, None)
+    }
+
+    /// [`Layout::plan`] with a journal ring of `journal_len` bytes instead
+    /// of the default ([`journal_len_for`]): a smaller one makes
+    /// checkpoints (and crashes inside them) frequent, for the simulator
+    /// and tests. It must be valid ([`journal_len_valid`]).
+    pub fn plan_with(
+        disk_id: TsId,
+        tract_size: u32,
+        disk_len: u64,
+        journal_len: Option<u64>,
+    ) -> Result<Layout, LayoutError> {
         if !tract_size_valid(tract_size) {
             return Err(LayoutError::BadGeometry(format!("tract size {tract_size}")));
         }
+        let journal_len = journal_len.unwrap_or_else(|| journal_len_for(tract_size, disk_len));
+        if !journal_len_valid(tract_size, disk_len, journal_len) {
+            return Err(LayoutError::BadGeometry(format!(
+                "a journal of {journal_len} bytes (needs a multiple of 4 KiB, at least {}, at most half the disk)",
+                journal_len_min(tract_size)
+            )));
+        }
         let chunks = (tract_size / CHUNK_SIZE) as u64;
         let positions_offset = SUPERBLOCK_LEN;
-        let slot_table_offset = positions_offset + 2 * POSITIONS_SLOT_LEN;
+        let slot_table_offset =
+            positions_offset + 2 * POSITIONS_SLOT_LEN + 2 * JOURNAL_HEAD_LEN + journal_len;
         let per_slot = tract_size as u64 + SLOT_ENTRY_LEN + chunks * CHUNK_ENTRY_LEN;
         let data_align = (tract_size as u64).min(1 << 20);
         let mut n = disk_len.saturating_sub(slot_table_offset) / per_slot;
         n = n.min(u32::MAX as u64);
         // The estimate ignores alignment padding; step down until it fits.
         while n > 0 {
-            let l = Self::with_slots(disk_id, tract_size, n as u32, disk_len, data_align);
+            let l = Self::with_slots(disk_id, tract_size, n as u32, disk_len, data_align, journal_len);
             if l.data_offset + n * tract_size as u64 <= disk_len {
                 return Ok(l);
             }
@@ -97,10 +133,18 @@ impl Layout {
         Err(LayoutError::TooSmall { disk_len, tract_size })
     }
 
-    fn with_slots(disk_id: TsId, tract_size: u32, slot_count: u32, disk_len: u64, data_align: u64) -> Layout {
+    fn with_slots(
+        disk_id: TsId,
+        tract_size: u32,
+        slot_count: u32,
+        disk_len: u64,
+        data_align: u64,
+        journal_len: u64,
+    ) -> Layout {
         let chunks = (tract_size / CHUNK_SIZE) as u64;
         let positions_offset = SUPERBLOCK_LEN;
-        let slot_table_offset = positions_offset + 2 * POSITIONS_SLOT_LEN;
+        let journal_offset = positions_offset + 2 * POSITIONS_SLOT_LEN;
+        let slot_table_offset = journal_offset + 2 * JOURNAL_HEAD_LEN + journal_len;
         let chunk_table_offset =
             align_up(slot_table_offset + slot_count as u64 * SLOT_ENTRY_LEN, REGION_ALIGN);
         let data_offset = align_up(
@@ -112,6 +156,8 @@ impl Layout {
             tract_size,
             slot_count,
             positions_offset,
+            journal_offset,
+            journal_len,
             slot_table_offset,
             chunk_table_offset,
             data_offset,
@@ -141,6 +187,16 @@ impl Layout {
         self.positions_offset + (which as u64 & 1) * POSITIONS_SLOT_LEN
     }
 
+    /// Where journal head slot `which` (0 or 1) lives.
+    pub fn journal_head_offset(&self, which: u8) -> u64 {
+        self.journal_offset + (which as u64 & 1) * JOURNAL_HEAD_LEN
+    }
+
+    /// Where the journal's ring starts.
+    pub fn journal_ring_offset(&self) -> u64 {
+        self.journal_offset + 2 * JOURNAL_HEAD_LEN
+    }
+
     pub fn encode_superblock(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(SUPERBLOCK_LEN as usize);
         b.extend_from_slice(&SUPERBLOCK_MAGIC);
@@ -151,6 +207,8 @@ impl Layout {
         b.extend_from_slice(&self.slot_count.to_le_bytes());
         for v in [
             self.positions_offset,
+            self.journal_offset,
+            self.journal_len,
             self.slot_table_offset,
             self.chunk_table_offset,
             self.data_offset,
@@ -167,7 +225,7 @@ impl Layout {
 
     /// Decodes and checks a superblock against the disk it was read from.
     pub fn decode_superblock(b: &[u8], disk_len: u64) -> Result<Layout, LayoutError> {
-        const BODY: usize = 8 + 4 + 16 + 4 + 4 + 4 + 5 * 8 + 4;
+        const BODY: usize = 8 + 4 + 16 + 4 + 4 + 4 + 7 * 8 + 4;
         if b.len() < BODY + 4 || b[0..8] != SUPERBLOCK_MAGIC {
             return Err(LayoutError::Unformatted);
         }
@@ -195,11 +253,13 @@ impl Layout {
             tract_size,
             slot_count,
             positions_offset: u64_at(40),
-            slot_table_offset: u64_at(48),
-            chunk_table_offset: u64_at(56),
-            data_offset: u64_at(64),
-            disk_len: u64_at(72),
-            disk_mbps: u32_at(80),
+            journal_offset: u64_at(48),
+            journal_len: u64_at(56),
+            slot_table_offset: u64_at(64),
+            chunk_table_offset: u64_at(72),
+            data_offset: u64_at(80),
+            disk_len: u64_at(88),
+            disk_mbps: u32_at(96),
         };
         if chunk_size != CHUNK_SIZE || !tract_size_valid(tract_size) {
             return Err(LayoutError::BadGeometry(format!(
@@ -209,7 +269,11 @@ impl Layout {
         // Recompute the layout from its parameters: a superblock that does
         // not describe exactly what this build would lay out is refused.
         let data_align = (tract_size as u64).min(1 << 20);
-        let mut expect = Self::with_slots(disk_id, tract_size, slot_count, l.disk_len, data_align);
+        if !journal_len_valid(tract_size, l.disk_len, l.journal_len) {
+            return Err(LayoutError::BadGeometry(format!("a journal of {} bytes", l.journal_len)));
+        }
+        let mut expect =
+            Self::with_slots(disk_id, tract_size, slot_count, l.disk_len, data_align, l.journal_len);
         expect.disk_mbps = l.disk_mbps;
         if expect != l {
             return Err(LayoutError::BadGeometry("region offsets do not match the slot count".into()));
@@ -222,6 +286,32 @@ impl Layout {
         }
         Ok(l)
     }
+}
+
+/// The smallest journal ring for tracts of `tract_size`: eight times the
+/// credit one write of a whole tract holds ([`journal::write_credit`]), so
+/// a change always fits beside others, however the ring is laid out.
+pub fn journal_len_min(tract_size: u32) -> u64 {
+    align_up(8 * journal::write_credit(tract_size / CHUNK_SIZE), REGION_ALIGN)
+}
+
+/// Whether a ring of `len` bytes can serve tracts of `tract_size` on a disk
+/// of `disk_len` bytes: a multiple of 4 KiB (so also of the record
+/// alignment), at least [`journal_len_min`], at most half the disk.
+pub fn journal_len_valid(tract_size: u32, disk_len: u64, len: u64) -> bool {
+    len.is_multiple_of(REGION_ALIGN) && len >= journal_len_min(tract_size) && len <= disk_len / 2
+}
+
+/// The default journal ring for a disk of `disk_len` bytes holding tracts
+/// of `tract_size`: about 1/256 of the disk, at least 64 KiB (and
+/// [`journal_len_min`]), at most 16 MiB (a bigger ring only delays
+/// checkpoints, which then write the same table pages). A multiple of 4 KiB.
+pub fn journal_len_for(tract_size: u32, disk_len: u64) -> u64 {
+    let least = journal_len_min(tract_size).max(64 << 10);
+    let most = least.max(16 << 20);
+    let len = align_up((disk_len / 256).clamp(least, most), REGION_ALIGN);
+    const _: () = assert!(REGION_ALIGN.is_multiple_of(RECORD_ALIGN));
+    len
 }
 
 /// What a slot holds. `Free` slots keep their generation so the next
@@ -392,16 +482,24 @@ mod tests {
         {
             let l = Layout::plan(TsId(1), tract, disk)?;
             assert!(l.slot_count > 0);
-            assert!(l.slot_table_offset >= l.positions_offset + 2 * POSITIONS_SLOT_LEN);
+            assert!(l.journal_offset >= l.positions_offset + 2 * POSITIONS_SLOT_LEN);
+            assert!(l.slot_table_offset >= l.journal_ring_offset() + l.journal_len);
+            assert_eq!(l.journal_len % 4096, 0);
+            assert!(l.journal_len >= journal_len_min(tract));
+            assert!(journal_len_valid(tract, disk, l.journal_len));
             assert!(l.chunk_table_offset >= l.slot_entry_offset(l.slot_count));
             assert!(l.data_offset >= l.chunk_entry_offset(l.slot_count, 0));
             assert_eq!(l.data_offset % 4096, 0);
             assert!(l.data_offset_of(l.slot_count, 0) <= disk);
             // Not wasteful: another slot would not have fit.
-            let per_slot = tract as u64 + 64 + (tract / 4096) as u64 * 8;
+            let per_slot = tract as u64 + 64 + (tract / 4096) as u64 * 16;
             assert!(disk - l.data_offset_of(l.slot_count, 0) < per_slot + (1 << 20) + 8192);
         }
         assert!(matches!(Layout::plan(TsId(1), 8 << 20, 4 << 20), Err(LayoutError::TooSmall { .. })));
+        // A chosen ring: used as given, and refused when too small.
+        let small = Layout::plan_with(TsId(1), 16384, 16 << 20, Some(4096))?;
+        assert_eq!(small.journal_len, 4096);
+        assert!(Layout::plan_with(TsId(1), 8 << 20, 1 << 30, Some(4096)).is_err());
         assert!(Layout::plan(TsId(1), 1000, 1 << 30).is_err());
         Ok(())
     }
@@ -411,6 +509,9 @@ mod tests {
         let l = Layout::plan(TsId(0xabc), 65536, 64 << 20)?;
         let mut b = l.encode_superblock();
         assert_eq!(Layout::decode_superblock(&b, 64 << 20)?, l);
+        // A chosen ring length is kept by the superblock.
+        let small = Layout::plan_with(TsId(0xabc), 65536, 64 << 20, Some(8192))?;
+        assert_eq!(Layout::decode_superblock(&small.encode_superblock(), 64 << 20)?, small);
         // On a smaller disk than it was formatted for: refused.
         assert!(matches!(Layout::decode_superblock(&b, 32 << 20), Err(LayoutError::BadGeometry(_))));
         b[30] ^= 1;
