@@ -208,26 +208,10 @@ impl Journal {
             .map_err(|e| io_err("looking for the cache file", e))?
             .iter()
             .any(|p| p.file_name() == path.file_name());
-        if !exists {
-            if len < JOURNAL_LEN_MIN {
-                return Err(LsvdError::Invalid(format!(
-                    "a cache of {len} bytes; at least {JOURNAL_LEN_MIN}"
-                )));
-            }
-            let disk =
-                env.open_disk(path, Some(len)).await.map_err(|e| io_err("creating the cache file", e))?;
-            let area_len = (disk.len() - JOURNAL_AREA_START) / SECTOR * SECTOR;
-            let h =
-                JournalHeader { generation: 0, uuid, area_len, tail_pos: 0, tail_seq: folded + 1, epoch: 1 };
-            let j = Journal::with(disk, area_len, uuid, h);
-            // Both copies, so a torn later write always leaves one valid.
-            j.write_header_copy(h, 1).await?;
-            j.write_header_copy(h, 0).await?;
-            j.sync().await?;
-            let ring = Ring::new(area_len, 0, folded + 1);
-            return Ok((j, ring, Replay { records: Vec::new(), skipped: 0, created: true }));
+        if !exists && len < JOURNAL_LEN_MIN {
+            return Err(LsvdError::Invalid(format!("a cache of {len} bytes; at least {JOURNAL_LEN_MIN}")));
         }
-        let disk = env.open_disk(path, None).await.map_err(|e| io_err("opening the cache file", e))?;
+        let disk = env.open_disk(path, Some(len)).await.map_err(|e| io_err("opening the cache file", e))?;
         if disk.len() < JOURNAL_LEN_MIN {
             return Err(LsvdError::Cache(format!(
                 "{} is {} bytes: not a cache file",
@@ -239,15 +223,33 @@ impl Journal {
             .read_at(0, 2 * JOURNAL_HEADER_SLOT as usize)
             .await
             .map_err(|e| io_err("reading the cache header", e))?;
+        // Both header slots never written: a new file, or one whose creation
+        // the process did not finish (created, headers not yet durable). No
+        // record is written before a header is durable, so it holds nothing.
+        if raw.iter().all(|&b| b == 0) {
+            let area_len = (disk.len() - JOURNAL_AREA_START) / SECTOR * SECTOR;
+            let h =
+                JournalHeader { generation: 0, uuid, area_len, tail_pos: 0, tail_seq: folded + 1, epoch: 1 };
+            let j = Journal::with(disk, area_len, uuid, h);
+            // Both copies, so a torn later write always leaves one valid.
+            j.write_header_copy(h, 1).await?;
+            j.write_header_copy(h, 0).await?;
+            j.sync().await?;
+            let ring = Ring::new(area_len, 0, folded + 1);
+            return Ok((j, ring, Replay { records: Vec::new(), skipped: 0, created: !exists }));
+        }
         let copies = [
             JournalHeader::decode(&raw[..JOURNAL_HEADER_SLOT as usize]),
             JournalHeader::decode(&raw[JOURNAL_HEADER_SLOT as usize..]),
         ];
         let Some(h) = copies.iter().filter_map(|c| c.as_ref().ok()).max_by_key(|h| h.generation).copied()
         else {
+            let why: Vec<String> =
+                copies.iter().filter_map(|c| c.as_ref().err().map(|e| e.to_string())).collect();
             return Err(LsvdError::Cache(format!(
-                "{}: neither header copy is valid; delete the cache directory to bring the volume back from the object store",
-                path.display()
+                "{}: neither header copy is valid ({}); delete the cache directory to bring the volume back from the object store",
+                path.display(),
+                why.join("; ")
             )));
         };
         if h.uuid != uuid {
@@ -267,6 +269,14 @@ impl Journal {
                 h.tail_seq
             )));
         }
+        tracing::debug!(
+            generation = h.generation,
+            tail_pos = h.tail_pos,
+            tail_seq = h.tail_seq,
+            epoch = h.epoch,
+            folded,
+            "journal header"
+        );
         let j = Journal::with(disk, h.area_len, uuid, h);
         let mut ring = Ring::new(h.area_len, h.tail_pos, h.tail_seq);
         j.walk(&mut ring, h.epoch).await?;
@@ -275,15 +285,17 @@ impl Journal {
         // after them (written below, before any append).
         ring.release_through(folded);
         if ring.next_seq() <= folded {
-            // The journal ends before the log: an older copy of the cache
-            // (invariant 1 keeps it from happening otherwise). Nothing in it
-            // is newer than the objects; start it afresh after them.
-            tracing::warn!(
-                cache_end = ring.next_seq(),
-                folded,
-                "the cache is older than the object log; starting it afresh"
-            );
-            ring = Ring::new(h.area_len, ring.head(), folded + 1);
+            // The journal ends before the log. Invariant 1 (objects hold
+            // only synced records, and synced records survive any crash)
+            // makes this impossible for this volume's own cache: it is an
+            // older copy, or the invariant was broken. Refused, not papered
+            // over; everything the cache held is in the objects, so the
+            // operator loses nothing by deleting it.
+            return Err(LsvdError::Cache(format!(
+                "{}: the cache ends at record {} but the object store already holds records up to {folded}: it is older than the volume (a restored or copied cache?); delete the cache directory to bring the volume back from the object store, which holds everything this cache did",
+                path.display(),
+                ring.next_seq().saturating_sub(1)
+            )));
         }
         let records: Vec<RecMeta> = ring.records().copied().collect();
         let (tail_pos, tail_seq) = ring.tail();
@@ -319,16 +331,33 @@ impl Journal {
                 .read_at(JOURNAL_AREA_START + pos, RECORD_HEADER_LEN as usize)
                 .await
                 .map_err(|e| io_err("reading the cache", e))?;
-            let Ok(h) = RecordHeader::decode(&raw, self.area_len) else { break };
+            let h = match RecordHeader::decode(&raw, self.area_len) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::debug!(pos, seq = ring.next_seq(), error = %e, "journal ends");
+                    break;
+                }
+            };
             if h.seq != ring.next_seq() || h.epoch < prev_epoch || h.epoch > epoch_max {
+                tracing::debug!(
+                    pos,
+                    seq = ring.next_seq(),
+                    found = h.seq,
+                    epoch = h.epoch,
+                    prev_epoch,
+                    epoch_max,
+                    "journal ends"
+                );
                 break;
             }
             let total = match h.kind {
                 RecordKind::Wrap => self.area_len - pos,
                 _ => h.total_len(),
             };
-            if total > self.area_len - pos || walked + total > self.area_len || h.len > ring.record_data_max()
-            {
+            // A trim's length is the range it zeroes, not bytes in the area.
+            let too_long = h.kind == RecordKind::Write && h.len > ring.record_data_max();
+            if total > self.area_len - pos || walked + total > self.area_len || too_long {
+                tracing::debug!(pos, seq = h.seq, total, "journal ends: record does not fit");
                 break;
             }
             let data = if h.kind == RecordKind::Write {
@@ -340,6 +369,7 @@ impl Journal {
                 Bytes::new()
             };
             if h.check_data(&data).is_err() {
+                tracing::debug!(pos, seq = h.seq, "journal ends: record fails its CRC");
                 break;
             }
             ring.replayed(RecMeta {
@@ -371,6 +401,12 @@ impl Journal {
     /// Writes a new header (the copy its generation picks) and syncs it:
     /// the tail it names is durable when this returns.
     pub async fn write_header(&self, h: JournalHeader) -> Result<(), LsvdError> {
+        tracing::debug!(
+            generation = h.generation,
+            tail_seq = h.tail_seq,
+            epoch = h.epoch,
+            "journal header write"
+        );
         self.write_header_copy(h, h.generation % 2).await?;
         self.sync().await?;
         *self.header.lock().unwrap_or_else(|p| p.into_inner()) = h;

@@ -37,4 +37,18 @@ pub enum Planted {
     /// The destager makes objects of journal records no sync covered
     /// (design 0008, invariant 1).
     DestageBeforeSync,
+    /// The journal's tail moves past a batch's records (their space free
+    /// for reuse) before the object holding them is durable (invariant 2).
+    ReclaimBeforePut,
+}
+
+impl Planted {
+    pub fn parse(s: &str) -> Option<Planted> {
+        match s {
+            "none" => Some(Planted::None),
+            "destage-before-sync" => Some(Planted::DestageBeforeSync),
+            "reclaim-before-put" => Some(Planted::ReclaimBeforePut),
+            _ => None,
+        }
+    }
 }

@@ -727,6 +727,19 @@ async fn destage_step(inner: &Inner) -> Result<(), LsvdError> {
         extents,
         crcs: block_crcs(&data),
     };
+    if inner.cfg.planted == Planted::ReclaimBeforePut {
+        let (pos, next) = {
+            let s = inner.lock();
+            s.ring.get(last + 1).map_or((s.ring.head(), s.ring.next_seq()), |r| (r.pos, r.seq))
+        };
+        inner.journal.set_tail(pos, next).await?;
+        let mut s = inner.lock();
+        for r in s.ring.release_through(last) {
+            if r.kind != RecordKind::Wrap {
+                s.jmap.remove_where(r.vol_offset, r.len, |l| l.seq == r.seq);
+            }
+        }
+    }
     landed(inner, "creating an object", || inner.log.put_object(&h, vec![data.clone()])).await?;
     let checkpoint = {
         let mut s = inner.lock();
@@ -771,6 +784,7 @@ async fn reclaim(inner: &Inner) -> Result<(), LsvdError> {
         let _ = tail_pos;
         (pos, seq, through)
     };
+    tracing::debug!(pos, seq, through, "journal tail");
     inner.journal.set_tail(pos, seq).await?;
     {
         let mut s = inner.lock();
