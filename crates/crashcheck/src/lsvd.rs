@@ -9,7 +9,11 @@
 //! | crash | each unsynced write is lost, kept, or torn: each 512-byte sector of it kept or not (power loss); a write not completed never happened |
 //! | crash, cache lost (1 trial in 8) | the cache disk is gone: the volume must come back as a prefix from the object store alone (flushes promised nothing about that) |
 //! | object put | lands after a seeded latency and is answered after another: a crash before it lands loses it, a crash after it landed but before the answer leaves it stored while the writer never learned so |
-//! | object get, list, delete | a seeded latency, then done |
+//! | object get | a seeded latency, then done |
+//! | object list, delete | done at once |
+//!
+//! Cleaning (GC) runs in most trials: objects rewritten, checkpoints
+//! written and objects deleted while the workload runs and when it crashes.
 //!
 //! The contract checked: prefix consistency over flush epochs, and (cache
 //! kept) every write acknowledged before an acknowledged flush survives.
@@ -351,6 +355,9 @@ fn volume_config(c: &LsvdCheck, rng: &mut SmallRng) -> Config {
         destage_delay: Duration::from_micros(rng.random_range(50..5000)),
         checkpoint_every: rng.random_range(1..6),
         retry_pause: Duration::from_millis(1),
+        // Cleaning runs often: the hot region is overwritten again and again.
+        gc_live_ratio: 0.7,
+        gc_min_bytes: rng.random_range(128u64..1024) << 10,
         planted: c.planted,
     }
 }
@@ -362,6 +369,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         ops: 0,
         acked: 0,
         in_flight_at_crash: 0,
+        objects_deleted: 0,
         violation: Some(Violation::TrialFailed(e)),
     };
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -387,6 +395,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
     });
     // The process dies: every task is dropped where it stands.
     drop(rt);
+    let deleted = store.counts().now().deletes;
     let log = match log {
         Ok(l) => l,
         Err(e) => return failed(e),
@@ -432,6 +441,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         ops: log.len(),
         acked: log.iter().filter(|o| o.acked).count(),
         in_flight_at_crash: 0,
+        objects_deleted: deleted,
         violation,
     }
 }

@@ -75,6 +75,8 @@ pub struct Trial {
     pub ops: usize,
     pub acked: usize,
     pub in_flight_at_crash: usize,
+    /// LSVD trials: objects the volume deleted (cleaning ran) before the crash.
+    pub objects_deleted: u64,
     pub violation: Option<Violation>,
 }
 
@@ -371,6 +373,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
                 ops: 0,
                 acked: 0,
                 in_flight_at_crash: 0,
+                objects_deleted: 0,
                 violation: Some(Violation::TrialFailed(e)),
             }
         }
@@ -391,6 +394,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         ops: log.len(),
         acked: log.iter().filter(|o| o.acked).count(),
         in_flight_at_crash: in_flight,
+        objects_deleted: 0,
         violation,
     }
 }

@@ -14,14 +14,17 @@ fn trials() -> u64 {
 // did acknowledge writes and flushes (so the test could have failed).
 #[test]
 fn lsvd_survives_random_crashes() {
-    let (mut acked, mut ops) = (0, 0);
+    let (mut acked, mut ops, mut cleaning) = (0, 0, 0);
     for seed in 1..=trials() {
         let t = lsvd_trial(seed, &LsvdCheck::default());
         assert!(t.violation.is_none(), "seed {seed}: {:?} ({t:?})", t.violation);
         acked += t.acked;
         ops += t.ops;
+        cleaning += (t.objects_deleted > 0) as u64;
     }
     assert!(acked > ops / 4, "too few acknowledged operations ({acked} of {ops}): the test proves little");
+    assert!(cleaning > trials() / 10, "cleaning deleted objects in only {cleaning} trials");
+    eprintln!("{} trials, cleaning deleted objects in {cleaning}", trials());
 }
 
 fn caught(planted: Planted, within: u64) -> Option<u64> {

@@ -8,6 +8,7 @@
 //! | flush | `fdatasync` of the journal (group commit) | every acknowledged record is durable |
 //! | read | journal map, then object map, then zeros | — |
 //! | destage (background) | sync the journal, coalesce the next records into one object, create it, apply it, move the journal's tail | — |
+//! | clean (background, idle) | copy the least-live objects' live pieces into one object at the head, checkpoint, then delete them | — |
 //!
 //! Invariants kept here (numbered as in the design):
 //! 1. an object holds only journal records a sync covered (`destage_step`
@@ -16,7 +17,10 @@
 //!    it durably and the objects holding it were durable
 //!    (`reclaim`, which asserts the released records are folded);
 //! 3. objects are created one at a time, in seq order (one destager task);
-//! 4. a journal record a read is using is not released (`pins`).
+//! 4. a journal record a read is using is not released (`pins`); an
+//!    object is deleted only after a durable checkpoint in which it is
+//!    dead (`write_checkpoint`), and a read that finds it gone looks its
+//!    range up again.
 //!
 //! The journal map changes only in record order (`applied`), so it always
 //! equals what replaying the journal would give; a write is acknowledged
@@ -52,6 +56,11 @@ pub struct Config {
     pub checkpoint_every: u64,
     /// Pause between tries of a put the object store failed.
     pub retry_pause: Duration,
+    /// Clean (garbage-collect) once live data falls below this share of
+    /// the data stored in objects (the paper's 70 %)...
+    pub gc_live_ratio: f64,
+    /// ...and at least this many object bytes are stored.
+    pub gc_min_bytes: u64,
     pub planted: Planted,
 }
 
@@ -62,6 +71,8 @@ impl Default for Config {
             destage_delay: Duration::from_millis(500),
             checkpoint_every: 64,
             retry_pause: Duration::from_millis(200),
+            gc_live_ratio: 0.7,
+            gc_min_bytes: 64 << 20,
             planted: Planted::None,
         }
     }
@@ -134,6 +145,13 @@ struct State {
     drain_wanted: u32,
     stopping: bool,
     objects_since_checkpoint: u64,
+    /// Cleaned objects and the seq of the object that took their live
+    /// data: deleted once a checkpoint at or after it is durable.
+    doomed: Vec<(u64, u64)>,
+    /// Seq of the newest durable checkpoint (0: none).
+    checkpoint: u64,
+    /// Checkpoints this writer wrote, oldest first (the newest two kept).
+    checkpoints: std::collections::VecDeque<u64>,
 }
 
 struct Inner {
@@ -335,6 +353,9 @@ impl LsvdVolume {
             drain_wanted: 0,
             stopping: false,
             objects_since_checkpoint: 0,
+            doomed: Vec::new(),
+            checkpoint: rec.checkpoint,
+            checkpoints: std::collections::VecDeque::new(),
         };
         let now = env.now();
         for r in &replay.records {
@@ -426,6 +447,19 @@ impl LsvdVolume {
     /// Reads `[offset, offset + len)`.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, LsvdError> {
         self.check(offset, len)?;
+        // An object the map named may be deleted by cleaning before it is
+        // read (its data had moved): look the range up again.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.read_once(offset, len).await {
+                Err(LsvdError::NotFound(_)) if tries < 4 => continue,
+                r => return r,
+            }
+        }
+    }
+
+    async fn read_once(&self, offset: u64, len: u64) -> Result<Bytes, LsvdError> {
         let mut plan: Vec<(u64, u64, Src)> = Vec::new();
         let pinned: Vec<u64>;
         {
@@ -597,7 +631,16 @@ async fn destager(inner: Arc<Inner>) {
         if let Err(e) = reclaim(&inner).await {
             inner.fail(e);
         }
-        if !go {
+        let mut cleaned = false;
+        if !go && inner.lock().failed.is_none() {
+            match gc_step(&inner).await {
+                Ok(c) => cleaned = c,
+                Err(e) => {
+                    inner.fail(e);
+                }
+            }
+        }
+        if !go && !cleaned {
             let w = inner.work.notified();
             let sleep = inner.env.sleep(inner.cfg.destage_delay / 2);
             tokio::select! {
@@ -760,10 +803,164 @@ async fn destage_step(inner: &Inner) -> Result<(), LsvdError> {
     };
     inner.changed.notify_waiters();
     if let Some(c) = checkpoint {
-        landed(inner, "writing a checkpoint", || inner.log.put_checkpoint(&c)).await?;
-        inner.lock().objects_since_checkpoint = 0;
+        write_checkpoint(inner, c).await?;
     }
     Ok(())
+}
+
+/// Writes a checkpoint of the map, then deletes what it made deletable:
+/// cleaned objects whose data moved before it, and checkpoints older than
+/// the one before it.
+async fn write_checkpoint(inner: &Inner, c: crate::format::Checkpoint) -> Result<(), LsvdError> {
+    landed(inner, "writing a checkpoint", || inner.log.put_checkpoint(&c)).await?;
+    let (dead, old_ckpts) = {
+        let mut s = inner.lock();
+        s.objects_since_checkpoint = 0;
+        s.checkpoint = s.checkpoint.max(c.seq);
+        s.checkpoints.push_back(c.seq);
+        let upto = s.checkpoint;
+        let mut dead = Vec::new();
+        s.doomed.retain(|&(v, moved_at)| {
+            if moved_at <= upto {
+                dead.push(v);
+                false
+            } else {
+                true
+            }
+        });
+        let mut old = Vec::new();
+        while s.checkpoints.len() > 2 {
+            old.extend(s.checkpoints.pop_front());
+        }
+        (dead, old)
+    };
+    for v in dead {
+        // Invariant 4: nothing in the durable checkpoint (nor anything
+        // after it) points into v: its live data moved to an object at or
+        // before the checkpoint, and it is dead in the map.
+        debug_assert!(inner.lock().log.objects.get(&v).is_none_or(|o| o.live == 0));
+        landed(inner, "deleting a cleaned object", || {
+            let name = crate::store::object_name(v);
+            async move { inner.log.store().delete(&name).await }
+        })
+        .await?;
+        inner.lock().log.objects.remove(&v);
+    }
+    for c in old_ckpts {
+        landed(inner, "deleting an old checkpoint", || {
+            let name = crate::store::checkpoint_name(c);
+            async move { inner.log.store().delete(&name).await }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// One cleaning pass (§3.5): when live data is below `gc_live_ratio` of
+/// the stored bytes, the least-live objects' live extents are copied into
+/// one new object at the head, a checkpoint is written, and the cleaned
+/// objects deleted. Runs in the destager's task, so no other object is
+/// applied while it plans: the pieces it copies are current when its
+/// object is applied. Returns whether it cleaned anything.
+async fn gc_step(inner: &Inner) -> Result<bool, LsvdError> {
+    let object_bytes = inner.log.desc().object_bytes;
+    let victims: Vec<u64> = {
+        let s = inner.lock();
+        let (live, stored) = s.log.utilization();
+        if stored < inner.cfg.gc_min_bytes || live as f64 >= inner.cfg.gc_live_ratio * stored as f64 {
+            return Ok(false);
+        }
+        let doomed: std::collections::BTreeSet<u64> = s.doomed.iter().map(|d| d.0).collect();
+        let mut cands: Vec<&crate::format::ObjStat> =
+            s.log.objects.values().filter(|o| o.seq != s.log.head && !doomed.contains(&o.seq)).collect();
+        // Least live first (greedy); dead objects cost nothing to clean.
+        cands.sort_by(|a, b| {
+            (a.live * b.data_len.max(1)).cmp(&(b.live * a.data_len.max(1))).then(a.seq.cmp(&b.seq))
+        });
+        let mut out = Vec::new();
+        let mut taking = 0;
+        for o in cands {
+            if (o.live as f64) >= inner.cfg.gc_live_ratio * o.data_len as f64 && o.data_len > 0 {
+                break;
+            }
+            if taking > 0 && taking + o.live > object_bytes {
+                break;
+            }
+            taking += o.live;
+            out.push(o.seq);
+        }
+        out
+    };
+    if victims.is_empty() {
+        return Ok(false);
+    }
+    // The live pieces: the map's extents that still point into a victim,
+    // found from each victim's own extents.
+    let mut pieces: Vec<(u64, u64, u64, u64)> = Vec::new(); // (vol, len, victim, off)
+    for &v in &victims {
+        if inner.lock().log.objects.get(&v).is_some_and(|o| o.live == 0) {
+            continue;
+        }
+        let h = inner.log.read_header(v, None).await?;
+        let s = inner.lock();
+        for e in h.extents.iter().filter(|e| e.obj_offset.is_some()) {
+            for p in s.log.map.lookup(e.vol_offset, e.len) {
+                if let Some(l) = p.loc.filter(|l| l.seq == v) {
+                    pieces.push((p.start, p.len, v, l.off));
+                }
+            }
+        }
+    }
+    pieces.sort_unstable();
+    let mut data = BytesMut::new();
+    let mut extents: Vec<ObjExtent> = Vec::new();
+    for &(vol, len, v, off) in &pieces {
+        let b = inner.log.read(v, off, len).await?;
+        let at = data.len() as u64;
+        data.extend_from_slice(&b);
+        match extents.last_mut() {
+            Some(p) if p.vol_offset + p.len == vol && p.obj_offset.is_some_and(|o| o + p.len == at) => {
+                p.len += len
+            }
+            _ => extents.push(ObjExtent { vol_offset: vol, len, obj_offset: Some(at) }),
+        }
+    }
+    let data = data.freeze();
+    let (seq, journal_seq) = {
+        let s = inner.lock();
+        (s.log.head + 1, s.log.journal_seq)
+    };
+    let h = ObjectHeader {
+        kind: ObjectKind::Data,
+        uuid: inner.log.desc().uuid,
+        seq,
+        epoch: inner.epoch,
+        writer: inner.writer,
+        journal_seq,
+        data_len: data.len() as u64,
+        extents,
+        crcs: block_crcs(&data),
+    };
+    if !h.extents.is_empty() {
+        landed(inner, "creating a cleaning object", || inner.log.put_object(&h, vec![data.clone()])).await?;
+    }
+    let c = {
+        let mut s = inner.lock();
+        if !h.extents.is_empty() {
+            s.log.apply(&h).map_err(LsvdError::Corrupt)?;
+        }
+        for &v in &victims {
+            // Every live byte moved: the victims are dead in the map.
+            assert_eq!(s.log.objects.get(&v).map_or(0, |o| o.live), 0, "cleaned object {v} still live");
+            let head = s.log.head;
+            s.doomed.push((v, head));
+        }
+        s.log.to_checkpoint(inner.log.desc().uuid, inner.log.desc().size)
+    };
+    inner.changed.notify_waiters();
+    tracing::debug!(victims = ?victims, moved = data.len(), "cleaned");
+    write_checkpoint(inner, c).await?;
+    Ok(true)
 }
 
 /// Moves the journal's tail past the folded records no read is using, and
