@@ -7,10 +7,13 @@
 //!   any workload.
 //! - `run`: seeded trials (random crash points, or every outcome of one
 //!   crash point) tying the three together.
+//! - `lsvd`: crash trials of LSVD volumes (design 0008): an in-memory cache
+//!   disk and a slow in-memory object store, each with its fault model.
 //! - `real`: the same check across real processes: an event log written by
 //!   a client that gets SIGKILLed, and the verification after recovery.
 
 pub mod checker;
+pub mod lsvd;
 pub mod mem;
 pub mod real;
 pub mod run;

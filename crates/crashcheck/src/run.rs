@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -74,6 +75,8 @@ pub struct Trial {
     pub ops: usize,
     pub acked: usize,
     pub in_flight_at_crash: usize,
+    /// LSVD trials: objects the volume deleted (cleaning ran) before the crash.
+    pub objects_deleted: u64,
     pub violation: Option<Violation>,
 }
 
@@ -92,11 +95,16 @@ impl blizzard_env::Rng for SeededRng {
 /// An env whose clock is tokio's (paused in trials, hence virtual) and
 /// whose randomness is seeded. No network or disks are used.
 pub fn trial_env(seed: u64) -> Env {
+    trial_env_with(seed, Arc::new(RealDisks))
+}
+
+/// [`trial_env`] with these disks.
+pub fn trial_env_with(seed: u64, disks: Arc<dyn blizzard_env::Disks>) -> Env {
     Env {
         clock: Arc::new(RealClock),
         rng: Arc::new(SeededRng(Mutex::new(SmallRng::seed_from_u64(seed)))),
         net: Arc::new(RealNet),
-        disks: Arc::new(RealDisks),
+        disks,
     }
 }
 
@@ -111,11 +119,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// A planned client operation.
 #[derive(Clone, Debug)]
-struct Planned {
-    op: LoggedOp,
+pub(crate) struct Planned {
+    pub(crate) op: LoggedOp,
 }
 
-fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
+pub(crate) fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     let n = rng.random_range(1..=cfg.ops_max);
     plan_ops(rng, cfg.volume_size, n).into_iter().map(|op| Planned { op }).collect()
 }
@@ -169,10 +177,30 @@ pub fn plan_ops(rng: &mut SmallRng, volume_size: u64, n: usize) -> Vec<LoggedOp>
     out
 }
 
+/// What a workload drives: a volume of one backend or another.
+pub trait Target: Send + Sync + 'static {
+    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), String>>;
+    fn trim(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), String>>;
+    /// A flush under the volume's policy.
+    fn flush(&self) -> BoxFuture<'_, Result<(), String>>;
+}
+
+impl Target for Volume {
+    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { Volume::write(self, offset, data, false).await.map_err(|e| e.to_string()) })
+    }
+    fn trim(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { Volume::trim(self, offset, len).await.map_err(|e| e.to_string()) })
+    }
+    fn flush(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { Volume::flush(self).await.map_err(|e| e.to_string()) })
+    }
+}
+
 /// Runs the workload until the crash point. Returns the op log with
 /// acknowledgments.
-async fn drive(
-    vol: Arc<Volume>,
+pub(crate) async fn drive<T: Target>(
+    vol: Arc<T>,
     planned: Vec<Planned>,
     depth: usize,
     tail: Duration,
@@ -219,7 +247,7 @@ async fn drive(
                     let r = if op.kind == OpKind::Write {
                         let mut b = vec![0u8; op.len as usize];
                         fill(&mut b, op.offset, op.id, op.epoch);
-                        vol.write(op.offset, Bytes::from(b), false).await
+                        vol.write(op.offset, Bytes::from(b)).await
                     } else {
                         vol.trim(op.offset, op.len).await
                     };
@@ -345,6 +373,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
                 ops: 0,
                 acked: 0,
                 in_flight_at_crash: 0,
+                objects_deleted: 0,
                 violation: Some(Violation::TrialFailed(e)),
             }
         }
@@ -365,6 +394,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         ops: log.len(),
         acked: log.iter().filter(|o| o.acked).count(),
         in_flight_at_crash: in_flight,
+        objects_deleted: 0,
         violation,
     }
 }

@@ -1,0 +1,54 @@
+//! LSVD volumes (design 0008; the LSVD paper, EuroSys '22, §3): a
+//! volume's data is a log of immutable objects in an S3-compatible object
+//! store, written through a log-structured journal on a local disk.
+//!
+//! - `format`: the stored formats (descriptor, object headers,
+//!   checkpoints, journal header and records), bounded decoders.
+//! - `extent_map`: the pure map from volume ranges to locations.
+//! - `store`: names under the volume's prefix, creates that never
+//!   overwrite, request counts.
+//! - `objlog`: the object log: applying objects, reading them back with
+//!   their CRCs, checkpoints, recovery and the claim of one writer.
+//! - `s3`: the object store a URL names (S3 and compatible servers).
+//! - `journal`: the write cache on a local disk, and its replay.
+//! - `volume`: [`LsvdVolume`]: the journal in front, the log behind, the
+//!   destager between them.
+
+pub mod error;
+pub mod extent_map;
+pub mod format;
+pub mod journal;
+pub mod objlog;
+pub mod s3;
+pub mod store;
+pub mod volume;
+
+pub use error::{Kind, LsvdError};
+pub use store::Store;
+pub use volume::{Config, Info, LsvdVolume};
+
+/// Bugs planted on purpose so tests can show the crash checker catches
+/// them. Only tests and `blizzard crashcheck --plant` set one.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Planted {
+    #[default]
+    None,
+    /// The destager makes objects of journal records no sync covered
+    /// (design 0008, invariant 1).
+    DestageBeforeSync,
+    /// The journal's tail moves past a batch's records (their space free
+    /// for reuse) before the object holding them is durable (invariant 2).
+    ReclaimBeforePut,
+}
+
+impl Planted {
+    pub fn parse(s: &str) -> Option<Planted> {
+        match s {
+            "none" => Some(Planted::None),
+            "destage-before-sync" => Some(Planted::DestageBeforeSync),
+            "reclaim-before-put" => Some(Planted::ReclaimBeforePut),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,997 @@
+//! An LSVD volume: the journal in front, the object log behind, and the
+//! destager moving records from one to the other (design 0008).
+//!
+//! | operation | path | acknowledged when |
+//! |---|---|---|
+//! | write | a journal record (split at the ring's record size) | written to the cache file, and every earlier record too |
+//! | trim | a journal record with no data | the same |
+//! | flush | `fdatasync` of the journal (group commit) | every acknowledged record is durable |
+//! | read | journal map, then object map, then zeros | — |
+//! | destage (background) | sync the journal, coalesce the next records into one object, create it, apply it, move the journal's tail | — |
+//! | clean (background, idle) | copy the least-live objects' live pieces into one object at the head, checkpoint, then delete them | — |
+//!
+//! Invariants kept here (numbered as in the design):
+//! 1. an object holds only journal records a sync covered (`destage_step`
+//!    syncs before it takes records, and asserts `upto < synced`);
+//! 2. journal space is released only after the header's tail moved past
+//!    it durably and the objects holding it were durable
+//!    (`reclaim`, which asserts the released records are folded);
+//! 3. objects are created one at a time, in seq order (one destager task);
+//! 4. a journal record a read is using is not released (`pins`); an
+//!    object is deleted only after a durable checkpoint in which it is
+//!    dead (`write_checkpoint`), and a read that finds it gone looks its
+//!    range up again.
+//!
+//! The journal map changes only in record order (`applied`), so it always
+//! equals what replaying the journal would give; a write is acknowledged
+//! only once it is applied.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::Notify;
+
+use blizzard_env::{Env, Instant};
+
+use crate::error::LsvdError;
+use crate::extent_map::{ExtentMap, Loc};
+use crate::format::{block_crcs, Descriptor, ObjExtent, ObjectHeader, ObjectKind, RecordKind, SECTOR};
+use crate::journal::{Journal, RecMeta, Ring};
+use crate::objlog::{self, LogState, ObjectLog};
+use crate::store::{Counts, Store};
+use crate::Planted;
+
+/// Tunables of an open volume.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Size of the cache file when it is created.
+    pub cache_bytes: u64,
+    /// Seal an object smaller than the target once records have waited
+    /// this long (the object store never lags the cache by much more).
+    pub destage_delay: Duration,
+    /// Objects between map checkpoints.
+    pub checkpoint_every: u64,
+    /// Pause between tries of a put the object store failed.
+    pub retry_pause: Duration,
+    /// Clean (garbage-collect) once live data falls below this share of
+    /// the data stored in objects (the paper's 70 %)...
+    pub gc_live_ratio: f64,
+    /// ...and at least this many object bytes are stored.
+    pub gc_min_bytes: u64,
+    pub planted: Planted,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cache_bytes: 1 << 30,
+            destage_delay: Duration::from_millis(500),
+            checkpoint_every: 64,
+            retry_pause: Duration::from_millis(200),
+            gc_live_ratio: 0.7,
+            gc_min_bytes: 64 << 20,
+            planted: Planted::None,
+        }
+    }
+}
+
+/// Where bytes live in the journal: record `seq` at `pos`, `at` bytes into
+/// its data; or zeros (a trim record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JLoc {
+    pub seq: u64,
+    pub pos: u64,
+    pub at: u64,
+    pub zero: bool,
+}
+
+impl Loc for JLoc {
+    fn advance(self, by: u64) -> Self {
+        if self.zero {
+            self
+        } else {
+            JLoc { at: self.at + by, ..self }
+        }
+    }
+}
+
+/// What a volume reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Info {
+    pub name: String,
+    pub uuid: u128,
+    pub size: u64,
+    /// Newest object applied, and this writer's epoch.
+    pub head: u64,
+    pub epoch: u64,
+    /// Data bytes in the journal not yet in objects: what is lost if the
+    /// cache disk dies (the volume then comes back as the objects' prefix).
+    pub dirty_bytes: u64,
+    pub cache_used: u64,
+    pub cache_len: u64,
+    /// Live and total data bytes in objects.
+    pub live_bytes: u64,
+    pub stored_bytes: u64,
+    pub objects: u64,
+    pub map_extents: u64,
+    /// What the open found: the checkpoint it started from, the objects
+    /// it rolled forward over, the journal records it replayed.
+    pub recovered_checkpoint: u64,
+    pub rolled: u64,
+    pub replayed: u64,
+}
+
+struct State {
+    ring: Ring,
+    jmap: ExtentMap<JLoc>,
+    log: LogState,
+    /// Records written whose turn to be applied has not come.
+    done: BTreeSet<u64>,
+    /// Every record below this seq is written and applied to `jmap`.
+    applied: u64,
+    /// Every record up to this seq is in a durable object.
+    folded: u64,
+    /// Data bytes and write/trim records of records after `folded`.
+    dirty_bytes: u64,
+    dirty_records: u64,
+    dirty_since: Option<Instant>,
+    /// Journal records reads are using: seq → readers.
+    pins: BTreeMap<u64, u32>,
+    failed: Option<LsvdError>,
+    space_wanted: u32,
+    drain_wanted: u32,
+    stopping: bool,
+    objects_since_checkpoint: u64,
+    /// Cleaned objects and the seq of the object that took their live
+    /// data: deleted once a checkpoint at or after it is durable.
+    doomed: Vec<(u64, u64)>,
+    /// Seq of the newest durable checkpoint (0: none).
+    checkpoint: u64,
+    /// Checkpoints this writer wrote, oldest first (the newest two kept).
+    checkpoints: std::collections::VecDeque<u64>,
+}
+
+struct Inner {
+    env: Env,
+    log: ObjectLog,
+    journal: Journal,
+    cfg: Config,
+    epoch: u64,
+    /// This open's nonce, in every object it makes.
+    writer: u64,
+    /// (checkpoint, objects rolled, records replayed) at open.
+    opened: (u64, u64, u64),
+    state: Mutex<State>,
+    /// Applied records, released space, destaged objects: waiters re-check.
+    changed: Notify,
+    /// Wakes the destager.
+    work: Notify,
+}
+
+pub struct LsvdVolume {
+    inner: Arc<Inner>,
+    destager: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Creates a volume under `store`'s prefix: writes its descriptor. A
+/// prefix that already holds one is refused.
+pub async fn create(
+    env: &Env,
+    store: &Store,
+    name: &str,
+    size: u64,
+    object_bytes: u64,
+) -> Result<Descriptor, LsvdError> {
+    let created_secs =
+        env.clock.system_time().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let desc =
+        Descriptor { uuid: env.random_u128(), name: name.to_string(), size, object_bytes, created_secs };
+    objlog::create(store, &desc).await?;
+    Ok(desc)
+}
+
+/// A read's plan: where each piece of the range comes from.
+enum Src {
+    Zero,
+    Journal(JLoc),
+    Object(objlog::ObjLoc),
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Each critical section leaves the state whole, so poisoning
+        // carries no information.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until `f` returns `Some` (re-checked after every change).
+    async fn wait_for<T>(&self, mut f: impl FnMut(&mut State) -> Option<T>) -> T {
+        loop {
+            let n = self.changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if let Some(v) = f(&mut self.lock()) {
+                return v;
+            }
+            n.await;
+        }
+    }
+
+    fn fail(&self, e: LsvdError) -> LsvdError {
+        let mut s = self.lock();
+        if s.failed.is_none() {
+            tracing::error!(error = %e, "LSVD volume failed: later writes and flushes fail until it is reopened");
+            s.failed = Some(e.clone());
+        }
+        drop(s);
+        self.changed.notify_waiters();
+        e
+    }
+
+    fn check_failed(s: &State) -> Result<(), LsvdError> {
+        match &s.failed {
+            Some(e) => Err(LsvdError::Failed(Box::new(e.clone()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies written records to the journal map in seq order.
+    fn apply_done(&self, s: &mut State) {
+        while s.done.remove(&s.applied) {
+            let Some(r) = s.ring.get(s.applied).copied() else {
+                panic!("record {} written but not in the ring", s.applied)
+            };
+            apply_record(s, &r, self.env.now());
+            s.applied += 1;
+        }
+    }
+
+    /// Appends one record, and returns once it and every earlier record
+    /// are written and applied.
+    async fn append(
+        &self,
+        kind: RecordKind,
+        offset: u64,
+        len: u64,
+        data: Option<Bytes>,
+    ) -> Result<(), LsvdError> {
+        let recs = loop {
+            let n = self.changed.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            {
+                let mut s = self.lock();
+                Self::check_failed(&s)?;
+                if let Some(recs) = s.ring.reserve(kind, offset, len) {
+                    break recs;
+                }
+                s.space_wanted += 1;
+            }
+            self.work.notify_one();
+            n.await;
+            self.lock().space_wanted -= 1;
+        };
+        if let Err(e) = self.journal.append(&recs, data).await {
+            // A reserved record that never reached the file breaks the
+            // chain replay walks: nothing after it could be recovered.
+            return Err(self.fail(e));
+        }
+        let last = recs[recs.len() - 1].seq;
+        {
+            let mut s = self.lock();
+            s.done.extend(recs.iter().map(|r| r.seq));
+            self.apply_done(&mut s);
+            if s.dirty_bytes >= self.log.desc().object_bytes {
+                self.work.notify_one();
+            }
+        }
+        self.changed.notify_waiters();
+        self.wait_for(|s| (s.applied > last).then_some(())).await;
+        Ok(())
+    }
+}
+
+/// Applies a record to the journal map and the dirty counts.
+fn apply_record(s: &mut State, r: &RecMeta, now: Instant) {
+    let loc = JLoc { seq: r.seq, pos: r.pos, at: 0, zero: r.kind == RecordKind::Trim };
+    match r.kind {
+        RecordKind::Write | RecordKind::Trim => {
+            s.jmap.insert(r.vol_offset, r.len, Some(loc));
+            s.dirty_records += 1;
+            if r.kind == RecordKind::Write {
+                s.dirty_bytes += r.len;
+            }
+            s.dirty_since.get_or_insert(now);
+        }
+        RecordKind::Wrap => {}
+    }
+}
+
+impl LsvdVolume {
+    /// Opens the volume under `store` for writing (recovery, the claim,
+    /// then the journal's replay) with its cache file at `cache`.
+    /// `name`, if given, must be the volume's name.
+    pub async fn open(
+        env: Env,
+        store: Store,
+        name: Option<&str>,
+        cache: &Path,
+        cfg: Config,
+    ) -> Result<LsvdVolume, LsvdError> {
+        let mut rec = objlog::recover(store, name, None).await?;
+        let writer = env.random_u64();
+        let epoch = objlog::claim(&rec.log, &mut rec.state, writer).await?;
+        let folded = rec.state.journal_seq;
+        let (journal, ring, replay) =
+            Journal::open(&env, cache, cfg.cache_bytes, rec.log.desc().uuid, folded).await?;
+        tracing::info!(
+            volume = %rec.log.desc().name,
+            checkpoint = rec.checkpoint,
+            rolled = rec.rolled,
+            epoch,
+            replayed = replay.records.len(),
+            skipped = replay.skipped,
+            cache_created = replay.created,
+            "LSVD volume opened"
+        );
+        let mut s = State {
+            applied: ring.next_seq(),
+            ring,
+            jmap: ExtentMap::new(),
+            log: rec.state,
+            done: BTreeSet::new(),
+            folded,
+            dirty_bytes: 0,
+            dirty_records: 0,
+            dirty_since: None,
+            pins: BTreeMap::new(),
+            failed: None,
+            space_wanted: 0,
+            drain_wanted: 0,
+            stopping: false,
+            objects_since_checkpoint: 0,
+            doomed: Vec::new(),
+            checkpoint: rec.checkpoint,
+            checkpoints: std::collections::VecDeque::new(),
+        };
+        let now = env.now();
+        for r in &replay.records {
+            apply_record(&mut s, r, now);
+        }
+        let inner = Arc::new(Inner {
+            env,
+            log: rec.log,
+            journal,
+            cfg,
+            epoch,
+            writer,
+            opened: (rec.checkpoint, rec.rolled, replay.records.len() as u64),
+            state: Mutex::new(s),
+            changed: Notify::new(),
+            work: Notify::new(),
+        });
+        let task = tokio::spawn(destager(inner.clone()));
+        Ok(LsvdVolume { inner, destager: Mutex::new(Some(task)) })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.inner.log.desc().size
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.log.desc().name
+    }
+
+    /// Requests sent to the object store so far.
+    pub fn counts(&self) -> &Arc<Counts> {
+        self.inner.log.store().counts()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), LsvdError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size() => Ok(()),
+            _ => Err(LsvdError::OutOfRange { offset, len, size: self.size() }),
+        }
+    }
+
+    fn check_aligned(offset: u64, len: u64) -> Result<(), LsvdError> {
+        if !offset.is_multiple_of(SECTOR) || !len.is_multiple_of(SECTOR) {
+            return Err(LsvdError::Invalid(format!(
+                "[{offset}, +{len}): LSVD volumes are written in whole {SECTOR}-byte sectors"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (sectors); with `fua`, durable on return.
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), LsvdError> {
+        self.check(offset, data.len() as u64)?;
+        Self::check_aligned(offset, data.len() as u64)?;
+        let max = self.inner.lock().ring.record_data_max();
+        let mut at = 0u64;
+        while at < data.len() as u64 {
+            let n = (data.len() as u64 - at).min(max);
+            let piece = data.slice(at as usize..(at + n) as usize);
+            self.inner.append(RecordKind::Write, offset + at, n, Some(piece)).await?;
+            at += n;
+        }
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros (sectors).
+    pub async fn trim(&self, offset: u64, len: u64) -> Result<(), LsvdError> {
+        self.check(offset, len)?;
+        Self::check_aligned(offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.inner.append(RecordKind::Trim, offset, len, None).await
+    }
+
+    /// Every acknowledged write is durable when this returns (one
+    /// `fdatasync` of the journal, shared by concurrent flushes).
+    pub async fn flush(&self) -> Result<(), LsvdError> {
+        Inner::check_failed(&self.inner.lock())?;
+        if let Err(e) = self.inner.journal.sync().await {
+            return Err(self.inner.fail(e));
+        }
+        Ok(())
+    }
+
+    /// Reads `[offset, offset + len)`.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, LsvdError> {
+        self.check(offset, len)?;
+        // An object the map named may be deleted by cleaning before it is
+        // read (its data had moved): look the range up again.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.read_once(offset, len).await {
+                Err(LsvdError::NotFound(_)) if tries < 4 => continue,
+                r => return r,
+            }
+        }
+    }
+
+    async fn read_once(&self, offset: u64, len: u64) -> Result<Bytes, LsvdError> {
+        let mut plan: Vec<(u64, u64, Src)> = Vec::new();
+        let pinned: Vec<u64>;
+        {
+            let mut s = self.inner.lock();
+            for p in s.jmap.lookup(offset, len) {
+                match p.loc {
+                    Some(j) if j.zero => plan.push((p.start, p.len, Src::Zero)),
+                    Some(j) => plan.push((p.start, p.len, Src::Journal(j))),
+                    None => {
+                        for q in s.log.map.lookup(p.start, p.len) {
+                            plan.push((q.start, q.len, q.loc.map_or(Src::Zero, Src::Object)));
+                        }
+                    }
+                }
+            }
+            pinned = plan
+                .iter()
+                .filter_map(|(_, _, src)| match src {
+                    Src::Journal(j) => Some(j.seq),
+                    _ => None,
+                })
+                .collect();
+            for &seq in &pinned {
+                *s.pins.entry(seq).or_default() += 1;
+            }
+        }
+        let _unpin = Unpin { inner: &self.inner, seqs: pinned };
+        let reads = plan.iter().map(|(_, plen, src)| async move {
+            match src {
+                Src::Zero => Ok(None),
+                Src::Journal(j) => self.inner.journal.read(j.pos, j.at, *plen).await.map(Some),
+                Src::Object(o) => self.inner.log.read(o.seq, o.off, *plen).await.map(Some),
+            }
+        });
+        let parts = futures::future::join_all(reads).await;
+        let mut out = BytesMut::zeroed(len as usize);
+        for ((start, plen, _), part) in plan.iter().zip(parts) {
+            if let Some(b) = part? {
+                let at = (start - offset) as usize;
+                out[at..at + *plen as usize].copy_from_slice(&b);
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    /// Waits until every record written so far is in a durable object
+    /// (tests, snapshots, a clean hand-over).
+    pub async fn drain(&self) -> Result<(), LsvdError> {
+        let target = {
+            let mut s = self.inner.lock();
+            s.drain_wanted += 1;
+            s.applied - 1
+        };
+        self.inner.work.notify_one();
+        let r = self
+            .inner
+            .wait_for(|s| {
+                if let Some(e) = &s.failed {
+                    return Some(Err(LsvdError::Failed(Box::new(e.clone()))));
+                }
+                (s.folded >= target || s.dirty_records == 0).then_some(Ok(()))
+            })
+            .await;
+        self.inner.lock().drain_wanted -= 1;
+        r
+    }
+
+    pub fn info(&self) -> Info {
+        let s = self.inner.lock();
+        let (live, stored) = s.log.utilization();
+        let d = self.inner.log.desc();
+        Info {
+            name: d.name.clone(),
+            uuid: d.uuid,
+            size: d.size,
+            head: s.log.head,
+            epoch: self.inner.epoch,
+            dirty_bytes: s.dirty_bytes,
+            cache_used: s.ring.used(),
+            cache_len: s.ring.area_len(),
+            live_bytes: live,
+            stored_bytes: stored,
+            objects: s.log.objects.len() as u64,
+            map_extents: s.log.map.extents() as u64,
+            recovered_checkpoint: self.inner.opened.0,
+            rolled: self.inner.opened.1,
+            replayed: self.inner.opened.2,
+        }
+    }
+
+    /// Flushes and stops the destager. What is not destaged stays in the
+    /// journal for the next open.
+    pub async fn close(&self) -> Result<(), LsvdError> {
+        let r = self.flush().await;
+        self.inner.lock().stopping = true;
+        self.inner.work.notify_one();
+        let task = self.destager.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+        r
+    }
+}
+
+impl Drop for LsvdVolume {
+    fn drop(&mut self) {
+        if let Some(t) = self.destager.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            t.abort();
+        }
+    }
+}
+
+/// Releases a read's pins of journal records.
+struct Unpin<'a> {
+    inner: &'a Inner,
+    seqs: Vec<u64>,
+}
+
+impl Drop for Unpin<'_> {
+    fn drop(&mut self) {
+        if self.seqs.is_empty() {
+            return;
+        }
+        let mut s = self.inner.lock();
+        for seq in &self.seqs {
+            if let Some(n) = s.pins.get_mut(seq) {
+                *n -= 1;
+                if *n == 0 {
+                    s.pins.remove(seq);
+                }
+            }
+        }
+        let wanted = s.space_wanted > 0;
+        drop(s);
+        if wanted {
+            self.inner.work.notify_one();
+        }
+    }
+}
+
+/// Whether the destager has an object to make now.
+fn due(s: &State, now: Instant, cfg: &Config, object_bytes: u64) -> bool {
+    s.dirty_records > 0
+        && (s.dirty_bytes >= object_bytes
+            || s.space_wanted > 0
+            || s.drain_wanted > 0
+            || s.dirty_since.is_some_and(|t| now.saturating_duration_since(t) >= cfg.destage_delay))
+}
+
+/// The background task: one object at a time, then the journal's tail.
+async fn destager(inner: Arc<Inner>) {
+    loop {
+        let (go, stop) = {
+            let s = inner.lock();
+            (
+                s.failed.is_none() && due(&s, inner.env.now(), &inner.cfg, inner.log.desc().object_bytes),
+                s.stopping,
+            )
+        };
+        if stop {
+            return;
+        }
+        if go {
+            if let Err(e) = destage_step(&inner).await {
+                inner.fail(e);
+                continue;
+            }
+        }
+        if let Err(e) = reclaim(&inner).await {
+            inner.fail(e);
+        }
+        let mut cleaned = false;
+        if !go && inner.lock().failed.is_none() {
+            match gc_step(&inner).await {
+                Ok(c) => cleaned = c,
+                Err(e) => {
+                    inner.fail(e);
+                }
+            }
+        }
+        if !go && !cleaned {
+            let w = inner.work.notified();
+            let sleep = inner.env.sleep(inner.cfg.destage_delay / 2);
+            tokio::select! {
+                biased;
+                _ = w => {}
+                _ = sleep => {}
+            }
+        }
+    }
+}
+
+/// Retries `op` while the object store is unreachable; any other failure
+/// is returned (the volume then fails).
+async fn landed<T, F: std::future::Future<Output = Result<T, LsvdError>>>(
+    inner: &Inner,
+    what: &str,
+    mut op: impl FnMut() -> F,
+) -> Result<T, LsvdError> {
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.kind() == crate::Kind::Unavailable => {
+                tracing::warn!(error = %e, "{what} failed; retrying");
+                if inner.lock().stopping {
+                    return Err(e);
+                }
+                inner.env.sleep(inner.cfg.retry_pause).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Where a batch's bytes come from: record `idx` of the batch, `at` bytes
+/// into its data; or zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BLoc {
+    idx: usize,
+    at: u64,
+    zero: bool,
+}
+
+impl Loc for BLoc {
+    fn advance(self, by: u64) -> Self {
+        if self.zero {
+            self
+        } else {
+            BLoc { at: self.at + by, ..self }
+        }
+    }
+}
+
+/// Destages the next records into one object.
+async fn destage_step(inner: &Inner) -> Result<(), LsvdError> {
+    let object_bytes = inner.log.desc().object_bytes;
+    // Invariant 1: sync first, and take only records the sync covered.
+    let written = inner.lock().applied - 1;
+    if inner.cfg.planted != Planted::DestageBeforeSync {
+        inner.journal.sync().await?;
+    }
+    let (recs, seq) = {
+        let s = inner.lock();
+        let mut recs: Vec<RecMeta> = Vec::new();
+        let mut bytes = 0;
+        let mut seq = s.folded + 1;
+        while seq <= written && (bytes < object_bytes || recs.is_empty()) {
+            let Some(r) = s.ring.get(seq) else { break };
+            if r.kind == RecordKind::Write && bytes > 0 && bytes + r.len > object_bytes {
+                break;
+            }
+            if r.kind == RecordKind::Write {
+                bytes += r.len;
+            }
+            recs.push(*r);
+            seq += 1;
+        }
+        (recs, s.log.head + 1)
+    };
+    let Some(last) = recs.last().map(|r| r.seq) else { return Ok(()) };
+    assert!(last <= written, "invariant 1: object would hold record {last}, past the sync at {written}");
+    // The records' data, from the journal (not released: not folded yet).
+    let mut datas = Vec::with_capacity(recs.len());
+    for r in &recs {
+        datas.push(match r.kind {
+            RecordKind::Write => inner.journal.read(r.pos, 0, r.len).await?,
+            _ => Bytes::new(),
+        });
+    }
+    // Coalesce: later records in the batch win, as the object is atomic.
+    let mut batch: ExtentMap<BLoc> = ExtentMap::new();
+    for (idx, r) in recs.iter().enumerate() {
+        match r.kind {
+            RecordKind::Write => {
+                batch.insert(r.vol_offset, r.len, Some(BLoc { idx, at: 0, zero: false }));
+            }
+            RecordKind::Trim => {
+                batch.insert(r.vol_offset, r.len, Some(BLoc { idx, at: 0, zero: true }));
+            }
+            RecordKind::Wrap => {}
+        }
+    }
+    let mut data = BytesMut::new();
+    let mut extents: Vec<ObjExtent> = Vec::new();
+    for e in batch.iter() {
+        if e.loc.zero {
+            extents.push(ObjExtent { vol_offset: e.start, len: e.len, obj_offset: None });
+            continue;
+        }
+        let off = data.len() as u64;
+        data.extend_from_slice(&datas[e.loc.idx][e.loc.at as usize..(e.loc.at + e.len) as usize]);
+        match extents.last_mut() {
+            Some(p) if p.vol_offset + p.len == e.start && p.obj_offset.is_some_and(|o| o + p.len == off) => {
+                p.len += e.len;
+            }
+            _ => extents.push(ObjExtent { vol_offset: e.start, len: e.len, obj_offset: Some(off) }),
+        }
+    }
+    let data = data.freeze();
+    let h = ObjectHeader {
+        kind: ObjectKind::Data,
+        uuid: inner.log.desc().uuid,
+        seq,
+        epoch: inner.epoch,
+        writer: inner.writer,
+        journal_seq: last,
+        data_len: data.len() as u64,
+        extents,
+        crcs: block_crcs(&data),
+    };
+    if inner.cfg.planted == Planted::ReclaimBeforePut {
+        let (pos, next) = {
+            let s = inner.lock();
+            s.ring.get(last + 1).map_or((s.ring.head(), s.ring.next_seq()), |r| (r.pos, r.seq))
+        };
+        inner.journal.set_tail(pos, next).await?;
+        let mut s = inner.lock();
+        for r in s.ring.release_through(last) {
+            if r.kind != RecordKind::Wrap {
+                s.jmap.remove_where(r.vol_offset, r.len, |l| l.seq == r.seq);
+            }
+        }
+    }
+    landed(inner, "creating an object", || inner.log.put_object(&h, vec![data.clone()])).await?;
+    let checkpoint = {
+        let mut s = inner.lock();
+        s.log.apply(&h).map_err(LsvdError::Corrupt)?;
+        s.folded = last;
+        for r in &recs {
+            if r.kind != RecordKind::Wrap {
+                s.dirty_records -= 1;
+            }
+            if r.kind == RecordKind::Write {
+                s.dirty_bytes -= r.len;
+            }
+        }
+        s.dirty_since = (s.dirty_records > 0).then(|| inner.env.now());
+        s.objects_since_checkpoint += 1;
+        (s.objects_since_checkpoint >= inner.cfg.checkpoint_every)
+            .then(|| s.log.to_checkpoint(inner.log.desc().uuid, inner.log.desc().size))
+    };
+    inner.changed.notify_waiters();
+    if let Some(c) = checkpoint {
+        write_checkpoint(inner, c).await?;
+    }
+    Ok(())
+}
+
+/// Writes a checkpoint of the map, then deletes what it made deletable:
+/// cleaned objects whose data moved before it, and checkpoints older than
+/// the one before it.
+async fn write_checkpoint(inner: &Inner, c: crate::format::Checkpoint) -> Result<(), LsvdError> {
+    landed(inner, "writing a checkpoint", || inner.log.put_checkpoint(&c)).await?;
+    let (dead, old_ckpts) = {
+        let mut s = inner.lock();
+        s.objects_since_checkpoint = 0;
+        s.checkpoint = s.checkpoint.max(c.seq);
+        s.checkpoints.push_back(c.seq);
+        let upto = s.checkpoint;
+        let mut dead = Vec::new();
+        s.doomed.retain(|&(v, moved_at)| {
+            if moved_at <= upto {
+                dead.push(v);
+                false
+            } else {
+                true
+            }
+        });
+        let mut old = Vec::new();
+        while s.checkpoints.len() > 2 {
+            old.extend(s.checkpoints.pop_front());
+        }
+        (dead, old)
+    };
+    for v in dead {
+        // Invariant 4: nothing in the durable checkpoint (nor anything
+        // after it) points into v: its live data moved to an object at or
+        // before the checkpoint, and it is dead in the map.
+        debug_assert!(inner.lock().log.objects.get(&v).is_none_or(|o| o.live == 0));
+        landed(inner, "deleting a cleaned object", || {
+            let name = crate::store::object_name(v);
+            async move { inner.log.store().delete(&name).await }
+        })
+        .await?;
+        inner.lock().log.objects.remove(&v);
+    }
+    for c in old_ckpts {
+        landed(inner, "deleting an old checkpoint", || {
+            let name = crate::store::checkpoint_name(c);
+            async move { inner.log.store().delete(&name).await }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// One cleaning pass (§3.5): when live data is below `gc_live_ratio` of
+/// the stored bytes, the least-live objects' live extents are copied into
+/// one new object at the head, a checkpoint is written, and the cleaned
+/// objects deleted. Runs in the destager's task, so no other object is
+/// applied while it plans: the pieces it copies are current when its
+/// object is applied. Returns whether it cleaned anything.
+async fn gc_step(inner: &Inner) -> Result<bool, LsvdError> {
+    let object_bytes = inner.log.desc().object_bytes;
+    let victims: Vec<u64> = {
+        let s = inner.lock();
+        let (live, stored) = s.log.utilization();
+        if stored < inner.cfg.gc_min_bytes || live as f64 >= inner.cfg.gc_live_ratio * stored as f64 {
+            return Ok(false);
+        }
+        let doomed: std::collections::BTreeSet<u64> = s.doomed.iter().map(|d| d.0).collect();
+        let mut cands: Vec<&crate::format::ObjStat> =
+            s.log.objects.values().filter(|o| o.seq != s.log.head && !doomed.contains(&o.seq)).collect();
+        // Least live first (greedy); dead objects cost nothing to clean.
+        cands.sort_by(|a, b| {
+            (a.live * b.data_len.max(1)).cmp(&(b.live * a.data_len.max(1))).then(a.seq.cmp(&b.seq))
+        });
+        let mut out = Vec::new();
+        let mut taking = 0;
+        for o in cands {
+            if (o.live as f64) >= inner.cfg.gc_live_ratio * o.data_len as f64 && o.data_len > 0 {
+                break;
+            }
+            if taking > 0 && taking + o.live > object_bytes {
+                break;
+            }
+            taking += o.live;
+            out.push(o.seq);
+        }
+        out
+    };
+    if victims.is_empty() {
+        return Ok(false);
+    }
+    // The live pieces: the map's extents that still point into a victim,
+    // found from each victim's own extents.
+    let mut pieces: Vec<(u64, u64, u64, u64)> = Vec::new(); // (vol, len, victim, off)
+    for &v in &victims {
+        if inner.lock().log.objects.get(&v).is_some_and(|o| o.live == 0) {
+            continue;
+        }
+        let h = inner.log.read_header(v, None).await?;
+        let s = inner.lock();
+        for e in h.extents.iter().filter(|e| e.obj_offset.is_some()) {
+            for p in s.log.map.lookup(e.vol_offset, e.len) {
+                if let Some(l) = p.loc.filter(|l| l.seq == v) {
+                    pieces.push((p.start, p.len, v, l.off));
+                }
+            }
+        }
+    }
+    pieces.sort_unstable();
+    let mut data = BytesMut::new();
+    let mut extents: Vec<ObjExtent> = Vec::new();
+    for &(vol, len, v, off) in &pieces {
+        let b = inner.log.read(v, off, len).await?;
+        let at = data.len() as u64;
+        data.extend_from_slice(&b);
+        match extents.last_mut() {
+            Some(p) if p.vol_offset + p.len == vol && p.obj_offset.is_some_and(|o| o + p.len == at) => {
+                p.len += len
+            }
+            _ => extents.push(ObjExtent { vol_offset: vol, len, obj_offset: Some(at) }),
+        }
+    }
+    let data = data.freeze();
+    let (seq, journal_seq) = {
+        let s = inner.lock();
+        (s.log.head + 1, s.log.journal_seq)
+    };
+    let h = ObjectHeader {
+        kind: ObjectKind::Data,
+        uuid: inner.log.desc().uuid,
+        seq,
+        epoch: inner.epoch,
+        writer: inner.writer,
+        journal_seq,
+        data_len: data.len() as u64,
+        extents,
+        crcs: block_crcs(&data),
+    };
+    if !h.extents.is_empty() {
+        landed(inner, "creating a cleaning object", || inner.log.put_object(&h, vec![data.clone()])).await?;
+    }
+    let c = {
+        let mut s = inner.lock();
+        if !h.extents.is_empty() {
+            s.log.apply(&h).map_err(LsvdError::Corrupt)?;
+        }
+        for &v in &victims {
+            // Every live byte moved: the victims are dead in the map.
+            assert_eq!(s.log.objects.get(&v).map_or(0, |o| o.live), 0, "cleaned object {v} still live");
+            let head = s.log.head;
+            s.doomed.push((v, head));
+        }
+        s.log.to_checkpoint(inner.log.desc().uuid, inner.log.desc().size)
+    };
+    inner.changed.notify_waiters();
+    tracing::debug!(victims = ?victims, moved = data.len(), "cleaned");
+    write_checkpoint(inner, c).await?;
+    Ok(true)
+}
+
+/// Moves the journal's tail past the folded records no read is using, and
+/// releases their space (invariant 2: the header first, durably).
+async fn reclaim(inner: &Inner) -> Result<(), LsvdError> {
+    let (pos, seq, through) = {
+        let s = inner.lock();
+        let lowest_pin = s.pins.keys().next().copied().unwrap_or(u64::MAX);
+        let through = s.folded.min(lowest_pin.saturating_sub(1));
+        let (tail_pos, tail_seq) = s.ring.tail();
+        if through < tail_seq {
+            return Ok(());
+        }
+        let (pos, seq) = match s.ring.get(through + 1) {
+            Some(r) => (r.pos, r.seq),
+            None => (s.ring.head(), s.ring.next_seq()),
+        };
+        let _ = tail_pos;
+        (pos, seq, through)
+    };
+    tracing::debug!(pos, seq, through, "journal tail");
+    inner.journal.set_tail(pos, seq).await?;
+    {
+        let mut s = inner.lock();
+        assert!(through <= s.folded, "invariant 2: releasing record {through} not in an object");
+        for r in s.ring.release_through(through) {
+            if r.kind != RecordKind::Wrap {
+                s.jmap.remove_where(r.vol_offset, r.len, |l| l.seq == r.seq);
+            }
+        }
+    }
+    inner.changed.notify_waiters();
+    Ok(())
+}
