@@ -6,6 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // a test of real processes in real time
 
+#[path = "common/bin.rs"]
+mod bin;
+
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,7 +57,7 @@ async fn sigkilled_client_leaves_a_volume_its_mode_allows() {
 
             let log = dir.path().join(format!("{name}.log"));
             let seed: u64 = rng.random();
-            let mut child = Command::new(env!("CARGO_BIN_EXE_blizzard"))
+            let mut child = Command::new(bin::blizzard_bin())
                 .args(["crashcheck-client", "--meta", &cluster.meta_addr, "--volume", &name])
                 .arg("--log")
                 .arg(&log)

@@ -226,7 +226,7 @@ async fn cluster_recovers_from_tractserver_kills_under_load() {
         assert!(since.elapsed() < common::RECOVERY_TIMEOUT, "{step}: the killed server never showed as down");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let watch = Command::new(env!("CARGO_BIN_EXE_blizzard"))
+    let watch = Command::new(common::blizzard_bin())
         .args(["status", "--watch", "--meta", &procs.meta.addr])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -35,6 +35,9 @@
 // the env seam, and a failure must stop the test with its context.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
+#[path = "common/bin.rs"]
+mod bin;
+
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -237,13 +240,6 @@ impl Clock {
     }
 }
 
-/// The binary under test: this build's, or `BLIZZARD_BIN` (for example an
-/// optimized build, or another revision when bisecting).
-fn blizzard_bin() -> PathBuf {
-    std::env::var_os("BLIZZARD_BIN")
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_blizzard")), PathBuf::from)
-}
-
 const READY: &str = "Ctrl-C (or SIGTERM) stops it cleanly.";
 
 /// A `blizzard up` process. Dropping it SIGKILLs it.
@@ -260,7 +256,7 @@ impl Blizzard {
     /// `127.0.0.1:0`: the address it printed is used.
     fn start(data: &Path, listen: &str, mode: &str, size: &str, disk_size: &str, log: PathBuf) -> Blizzard {
         let out = File::create(&log).unwrap();
-        let child = Command::new(blizzard_bin())
+        let child = Command::new(bin::blizzard_bin())
             .arg("up")
             .arg("--data")
             .arg(data)

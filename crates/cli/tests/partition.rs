@@ -347,11 +347,12 @@ fn start_cluster(dir: &Path, net: &TestNet) -> (Procs, u16) {
         let ns = net.ns(n);
         let meta_addr = format!("{}:{port}", TestNet::gateway(n));
         let listen = format!("{}:{TS_PORT}", TestNet::member_ip(n));
+        let bin = common::blizzard_bin();
         let args: Vec<String> = [
             "netns",
             "exec",
             &ns,
-            env!("CARGO_BIN_EXE_blizzard"),
+            &bin,
             "tractserver",
             "--disk",
             &disk,

@@ -477,7 +477,7 @@ impl Separate {
         }
         procs.wait_listening(START_TIMEOUT);
         for (name, mode) in volumes {
-            let out = Command::new(env!("CARGO_BIN_EXE_blizzard"))
+            let out = Command::new(common::blizzard_bin())
                 .args(["volume", "create", name, "--size", &VOLUME_BYTES.to_string(), "--mode", mode])
                 .args(["--replication", &REPLICATION.to_string(), "--meta", &meta_addr])
                 // One segment of 64 tracts: 65 tracts in the blob, half

@@ -20,6 +20,9 @@
 // seam, and a failure must stop it with its context.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
+#[path = "common/bin.rs"]
+mod bin;
+
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -71,7 +74,7 @@ impl Up {
     /// address is read from the `NBD export ... at ADDR:` line.
     fn start(data: &Path, mode: &str, log: PathBuf) -> Up {
         let out = File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_blizzard"))
+        let child = Command::new(bin::blizzard_bin())
             .arg("up")
             .arg("--data")
             .arg(data)

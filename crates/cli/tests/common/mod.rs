@@ -10,6 +10,9 @@
 //! Each test includes it with `mod common;` and uses part of it.
 #![allow(dead_code)]
 
+pub mod bin;
+pub use bin::blizzard_bin;
+
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -52,7 +55,7 @@ pub struct Proc {
 impl Proc {
     /// Runs `blizzard ARGS`.
     pub fn spawn(name: &str, args: &[String], log: PathBuf, addr: String) -> Proc {
-        Proc::spawn_program(name, env!("CARGO_BIN_EXE_blizzard"), args, log, addr)
+        Proc::spawn_program(name, &blizzard_bin(), args, log, addr)
     }
 
     /// Runs `PROGRAM ARGS`: a wrapper that execs `blizzard` in the end (as
@@ -818,7 +821,7 @@ pub fn spawn_tractserver(dir: &Path, meta: &str, i: usize, disk_size: &str) -> P
 
 /// Runs `blizzard ARGS` to completion: (success, stdout + stderr).
 pub fn blizzard(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_blizzard")).args(args).output().unwrap();
+    let out = Command::new(blizzard_bin()).args(args).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
