@@ -17,7 +17,7 @@ use blizzard_metaserver::replica::GroupConfig;
 use blizzard_metaserver::server::MetaConfig;
 use blizzard_proto::ClusterStatus;
 use blizzard_tractserver::TractServerConfig;
-use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, VolumeSpec};
+use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, S3Spec, VolumeSpec};
 
 mod kv;
 
@@ -98,6 +98,15 @@ enum Cmd {
         /// status, and exit.
         #[arg(long)]
         check: bool,
+        /// Make the default volume, when it is created, an S3 volume
+        /// (design 0008) under this URL (`http://host:port/bucket/prefix`;
+        /// credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY),
+        /// with its cache under DATA/lsvd-cache/VOLUME.
+        #[arg(long)]
+        s3: Option<String>,
+        /// Size of that S3 volume's cache (its journal file).
+        #[arg(long, default_value = "1GiB", value_parser = size)]
+        cache_size: u64,
         /// Test hook: open volumes with this bug planted (see `crashcheck
         /// --plant`), so a real-process test can show its check fails.
         #[arg(long, hide = true, default_value = "none", value_parser = planted)]
@@ -308,11 +317,31 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum VolumeCmd {
-    /// Create a volume.
+    /// Create a volume: in the blob store, or (`--backend s3`) an LSVD
+    /// volume whose data is a log of objects in an S3-compatible store,
+    /// written through a journal in a local cache directory (design 0008).
     Create {
         name: String,
         #[arg(long, value_parser = size)]
         size: u64,
+        /// Where the data lives: blob (the cluster's tractservers) or s3.
+        #[arg(long, default_value = "blob", value_parser = ["blob", "s3"])]
+        backend: String,
+        /// The S3 volume's place: `http://host:port/bucket/prefix` (or
+        /// https://, s3://bucket/prefix); credentials from
+        /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_REGION).
+        #[arg(long)]
+        s3: Option<String>,
+        /// The S3 volume's cache directory on the host that serves it (its
+        /// journal: writes are acknowledged there, FLUSH is its fdatasync).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// Size of the S3 volume's journal file.
+        #[arg(long, default_value = "1GiB", value_parser = size)]
+        cache_size: u64,
+        /// Target size of the S3 volume's objects.
+        #[arg(long, default_value = "8MiB", value_parser = size)]
+        object_size: u64,
         /// write-through (acknowledged when durable), fast-ack (acknowledged
         /// at once, written in flush order) or log.
         #[arg(long, default_value = "write-through", value_parser = mode)]
@@ -458,6 +487,8 @@ async fn run(cli: Cli) -> Result<()> {
             meta_listen,
             meta_replicas,
             check,
+            s3,
+            cache_size,
             plant,
         } => {
             let mut cfg = ClusterConfig::new(&data);
@@ -493,15 +524,31 @@ async fn run(cli: Cli) -> Result<()> {
                         (None, _) if tract_size >= u64::from(UP_BLOCK_SIZE) => Some(UP_BLOCK_SIZE),
                         (None, _) => None,
                     };
-                    manage::create(env.clone(), &client, &spec)
-                        .await
-                        .with_context(|| format!("creating the default volume {volume:?}"))?
+                    let mut made_dir = None;
+                    let made = match &s3 {
+                        Some(url) => {
+                            let (dir, made) = cache_dir(&data.join("lsvd-cache").join(&volume))?;
+                            made_dir = made.then_some(dir.clone());
+                            let mut s = S3Spec::new(url.clone(), dir);
+                            s.cache_bytes = cache_size;
+                            manage::create_s3(env.clone(), &client, &spec, &s).await
+                        }
+                        None => manage::create(env.clone(), &client, &spec).await,
+                    };
+                    match made {
+                        Ok(v) => v,
+                        Err(e) => {
+                            remove_empty_dir(made_dir.as_deref());
+                            return Err(e).with_context(|| format!("creating the default volume {volume:?}"));
+                        }
+                    }
                 }
                 Err(e) => return Err(e).with_context(|| format!("opening the default volume {volume:?}")),
             };
             let sb = vol.superblock().clone();
             // The NBD server opens it again, once, for all its connections.
             vol.close().await?;
+            let asked_s3 = s3.is_some();
             let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
             let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client.clone(), open_mode);
             let nbd_cfg =
@@ -513,7 +560,11 @@ async fn run(cli: Cli) -> Result<()> {
             print_status(&client.cluster_status().await?);
             println!();
             print_volume(&sb);
-            if sb.mode != mode || sb.flush != flush || sb.size_bytes != size {
+            if sb.mode != mode
+                || sb.flush != flush
+                || sb.size_bytes != size
+                || sb.backend.s3().is_some() != asked_s3
+            {
                 println!(
                     "(the volume already existed: it keeps its own settings; `blizzard volume` changes or replaces it)"
                 );
@@ -765,7 +816,29 @@ async fn connect(env: &Env, meta: &str) -> Result<Client> {
 
 async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
     match cmd {
-        VolumeCmd::Create { name, size, mode, flush, replication, block_size, segment_tracts, meta } => {
+        VolumeCmd::Create {
+            name,
+            size,
+            backend,
+            s3,
+            cache,
+            cache_size,
+            object_size,
+            mode,
+            flush,
+            replication,
+            block_size,
+            segment_tracts,
+            meta,
+        } => {
+            let s3 = match (backend.as_str(), s3, cache) {
+                ("s3", Some(url), Some(dir)) => Some((url, dir)),
+                ("s3", _, _) => {
+                    bail!("--backend s3 needs --s3 URL (http://host:port/bucket/prefix) and --cache DIR")
+                }
+                (_, None, None) => None,
+                _ => bail!("--s3 and --cache are for S3 volumes: add --backend s3"),
+            };
             let client = connect(&env, &meta).await?;
             let mut spec = VolumeSpec::new(name.clone(), size);
             spec.mode = mode;
@@ -773,7 +846,25 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             spec.replication = replication;
             spec.block_size = block_size.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
             spec.segment_tracts = segment_tracts;
-            let v = manage::create(env, &client, &spec).await?;
+            let mut made_dir = None;
+            let made = match s3 {
+                Some((url, dir)) => {
+                    let (dir, made) = cache_dir(&dir)?;
+                    made_dir = made.then_some(dir.clone());
+                    let mut s = S3Spec::new(url, dir);
+                    s.cache_bytes = cache_size;
+                    s.object_bytes = object_size;
+                    manage::create_s3(env, &client, &spec, &s).await
+                }
+                None => manage::create(env, &client, &spec).await,
+            };
+            let v = match made {
+                Ok(v) => v,
+                Err(e) => {
+                    remove_empty_dir(made_dir.as_deref());
+                    return Err(e).with_context(|| format!("cannot create volume {name:?}"));
+                }
+            };
             print_volume(v.superblock());
             v.close().await?;
         }
@@ -789,7 +880,8 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                     "{:<24} {:>12} {:<14} {:<8} {:>4} {:>10}",
                     sb.name,
                     format_size(sb.size_bytes),
-                    sb.mode.name(),
+                    // An S3 volume has no commit mode of the blob's.
+                    if sb.backend.s3().is_some() { "s3 (lsvd)" } else { sb.mode.name() },
                     sb.flush.name(),
                     sb.replication,
                     format_size(sb.block_size as u64)
@@ -798,7 +890,11 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Info { name, meta } => {
             let client = connect(&env, &meta).await?;
-            print_volume(&manage::info(&client, &name).await?);
+            let sb = manage::info(&client, &name).await?;
+            print_volume(&sb);
+            if sb.backend.s3().is_some() {
+                print_s3_state(&env, &sb).await;
+            }
             let blob = manage::blob_id(&name);
             let status = client.cluster_status().await?;
             match status.leases.iter().find(|l| l.blob == blob) {
@@ -817,7 +913,14 @@ async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Delete { name, meta } => {
             let client = connect(&env, &meta).await?;
+            let sb = manage::info(&client, &name).await.ok();
             manage::delete(env, &client, &name).await?;
+            if let Some(s3) = sb.as_ref().and_then(|sb| sb.backend.s3()) {
+                println!("deleted the objects under {} and the cache {}", s3.url, s3.cache_dir);
+                // The journal file is gone; its directory goes if nothing
+                // else is in it.
+                remove_empty_dir(Some(std::path::Path::new(&s3.cache_dir)));
+            }
             println!("deleted volume {name}");
         }
     }
@@ -899,9 +1002,74 @@ fn print_connect(addr: &str, export: &str) {
     println!("  kernel:       nbdfuse DIR {uri} &  then  losetup --find --show --direct-io=on DIR/nbd");
 }
 
+/// An S3 volume's cache directory, made if missing, as an absolute path
+/// (the record names it for whichever process serves the volume); and
+/// whether this call made it.
+fn cache_dir(dir: &std::path::Path) -> Result<(PathBuf, bool)> {
+    let made = !dir.exists();
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot make the cache directory {}", dir.display()))?;
+    let abs = std::fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
+    Ok((abs, made))
+}
+
+/// Removes `dir` if it is empty (a cache directory this command made, or
+/// whose journal it deleted); anything else stays.
+fn remove_empty_dir(dir: Option<&std::path::Path>) {
+    if let Some(d) = dir {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+/// What the object store holds of an S3 volume, and what its cache risks.
+async fn print_s3_state(env: &Env, sb: &blizzard_volume::Superblock) {
+    match blizzard_volume::lsvd::inspect(sb).await {
+        Ok(s) => {
+            println!(
+                "objects      {}, the newest ({}) holds the journal up to record {}",
+                s.objects, s.head, s.journal_seq
+            );
+            println!(
+                "live bytes   {} of {} stored in objects ({} of {}; cleaned below 70%)",
+                s.live_bytes,
+                s.stored_bytes,
+                format_size(s.live_bytes),
+                format_size(s.stored_bytes)
+            );
+            let when = match s.newest_object_secs {
+                Some(t) => {
+                    let now = env
+                        .clock
+                        .system_time()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs() as i64)
+                        .unwrap_or(t);
+                    format!("the last destage ({}s ago, object {})", (now - t).max(0), s.head)
+                }
+                None => "the first destage (nothing is in the object store yet)".to_string(),
+            };
+            println!(
+                "if the cache disk dies: the writes acknowledged since {when} are lost; the volume comes back from the object store as everything before them (a consistent prefix). The serving process destages within about a second of a write."
+            );
+        }
+        Err(e) => println!("objects      cannot be read: {e}"),
+    }
+}
+
 fn print_volume(sb: &blizzard_volume::Superblock) {
     println!("volume       {}", sb.name);
     println!("size         {} ({} bytes)", format_size(sb.size_bytes), sb.size_bytes);
+    if let Some(s3) = sb.backend.s3() {
+        println!("backend      s3: an LSVD volume (design 0008), a log of objects under {}", s3.url);
+        println!(
+            "cache        {} ({} journal) on the host that serves it: writes are acknowledged there, a flush is its fdatasync",
+            s3.cache_dir,
+            format_size(s3.cache_bytes)
+        );
+        println!("uuid         {:032x}", s3.uuid);
+        return;
+    }
+    println!("backend      blob (the cluster's tractservers)");
     println!("commit mode  {}", sb.mode.name());
     let flush_note = match sb.flush {
         FlushPolicy::Durable => "a flush returns once earlier writes are durable (NBD's contract)",

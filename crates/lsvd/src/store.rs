@@ -211,6 +211,25 @@ impl Store {
         Ok(out)
     }
 
+    /// The newest object under `dir/` by modification time: its name (last
+    /// segment) and seconds since the Unix epoch, as the store reports it.
+    pub async fn newest(&self, dir: &str) -> Result<Option<(String, i64)>, LsvdError> {
+        self.counts.lists.fetch_add(1, Ordering::Relaxed);
+        let base = self.path(dir);
+        let mut s = self.inner.list(Some(&base));
+        let mut newest: Option<(String, i64)> = None;
+        while let Some(m) = s.next().await {
+            let m = m.map_err(|e| map_err(&format!("listing {base}"), e))?;
+            let at = m.last_modified.timestamp();
+            if let Some(last) = m.location.filename() {
+                if newest.as_ref().is_none_or(|(_, t)| at >= *t) {
+                    newest = Some((last.to_string(), at));
+                }
+            }
+        }
+        Ok(newest)
+    }
+
     /// Deletes `name` (no error if it is already gone).
     pub async fn delete(&self, name: &str) -> Result<(), LsvdError> {
         self.counts.deletes.fetch_add(1, Ordering::Relaxed);

@@ -193,6 +193,89 @@ pub async fn create(
     Ok(desc)
 }
 
+/// What the object store holds of a volume, read without opening it (no
+/// claim, no cache): `blizzard volume info`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub desc: Descriptor,
+    /// Newest object, and the newest journal record it folds: what the
+    /// volume comes back as if its cache is lost.
+    pub head: u64,
+    pub journal_seq: u64,
+    pub objects: u64,
+    pub live_bytes: u64,
+    pub stored_bytes: u64,
+    /// The checkpoint recovery started from, and objects rolled over.
+    pub checkpoint: u64,
+    pub rolled: u64,
+    /// When the newest data object was created (seconds since the Unix
+    /// epoch, the store's clock), if there is one.
+    pub newest_object_secs: Option<i64>,
+}
+
+/// Reads the volume under `store` as recovery would, changing nothing: a
+/// process writing it carries on. `expected` is the name it must have.
+pub async fn inspect(store: &Store, expected: Option<&str>) -> Result<Summary, LsvdError> {
+    let rec = objlog::recover(store.clone(), expected, None).await?;
+    let (live, stored) = rec.state.utilization();
+    let newest = store.newest("d").await?.map(|(_, t)| t);
+    Ok(Summary {
+        desc: rec.log.desc().clone(),
+        head: rec.state.head,
+        journal_seq: rec.state.journal_seq,
+        objects: rec.state.objects.len() as u64,
+        live_bytes: live,
+        stored_bytes: stored,
+        checkpoint: rec.checkpoint,
+        rolled: rec.rolled,
+        newest_object_secs: newest,
+    })
+}
+
+/// Deletes every object of the volume under `store`: data objects and
+/// claims, checkpoints, snapshots, and the descriptor last (so a delete
+/// cut off part way still names the volume and can be run again). Only if
+/// the descriptor is volume `uuid`'s: another volume's objects are refused.
+/// A prefix with no descriptor is cleared of whatever log it holds.
+/// Returns the number of objects deleted.
+pub async fn destroy(store: &Store, uuid: u128) -> Result<u64, LsvdError> {
+    match objlog::read_descriptor(store, None).await {
+        Ok(d) if d.uuid != uuid => {
+            return Err(LsvdError::OtherVolume {
+                at: format!("prefix {:?}", store.prefix()),
+                found: format!("{} ({:032x})", d.name, d.uuid),
+                expected: format!("{uuid:032x}"),
+            })
+        }
+        Ok(_) | Err(LsvdError::NotFound(_)) => {}
+        Err(e) => return Err(e),
+    }
+    let mut n = 0;
+    for dir in ["d", "c", "s"] {
+        for (name, _) in store.list(dir).await? {
+            store.delete(&format!("{dir}/{name}")).await?;
+            n += 1;
+        }
+    }
+    if store.get(crate::store::DESCRIPTOR).await?.is_some() {
+        store.delete(crate::store::DESCRIPTOR).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Whether anything is stored under the prefix's log directories: a
+/// prefix with objects but no descriptor is a deleted or cut-off volume's
+/// remains, which a new volume there would roll forward over.
+pub async fn holds_objects(store: &Store) -> Result<bool, LsvdError> {
+    for dir in ["d", "c", "s"] {
+        if !store.list(dir).await?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// A read's plan: where each piece of the range comes from.
 enum Src {
     Zero,
@@ -503,6 +586,32 @@ impl LsvdVolume {
             }
         }
         Ok(out.freeze())
+    }
+
+    /// What `[offset, offset + len)` holds, as consecutive `(len, data)`
+    /// runs from `offset`: `false` where it reads as zeros because nothing
+    /// was written or it was trimmed (journal map first, then the object
+    /// map), `true` where it may hold data.
+    pub fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, LsvdError> {
+        self.check(offset, len)?;
+        let s = self.inner.lock();
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut push = |n: u64, data: bool| match runs.last_mut() {
+            Some(last) if last.1 == data => last.0 += n,
+            _ if n > 0 => runs.push((n, data)),
+            _ => {}
+        };
+        for p in s.jmap.lookup(offset, len) {
+            match p.loc {
+                Some(j) => push(p.len, !j.zero),
+                None => {
+                    for q in s.log.map.lookup(p.start, p.len) {
+                        push(q.len, q.loc.is_some());
+                    }
+                }
+            }
+        }
+        Ok(runs)
     }
 
     /// Waits until every record written so far is in a durable object

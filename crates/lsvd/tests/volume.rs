@@ -265,3 +265,48 @@ async fn cleaning_frees_objects_and_keeps_data() {
     let v = LsvdVolume::open(Env::real(), store, None, &common::cache_path(&d2), c).await.unwrap();
     check_all(&v, &m).await;
 }
+
+// What `volume info` and `volume delete` of an S3 volume rest on: the
+// allocation runs follow the journal, then the objects (trims are holes);
+// `inspect` reads the log without disturbing its writer; `destroy` deletes
+// every object, descriptor last, and refuses a prefix holding another
+// volume.
+#[tokio::test]
+async fn allocation_inspect_and_destroy() {
+    let (mem, store) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let v = LsvdVolume::open(Env::real(), store.clone(), Some("a"), &common::cache_path(&dir), cfg())
+        .await
+        .unwrap();
+    v.write(0, pattern(1, 0, 65536), false).await.unwrap();
+    v.trim(4096, 8192).await.unwrap();
+    v.drain().await.unwrap();
+    v.write(1 << 20, pattern(2, 1 << 20, 4096), false).await.unwrap(); // journal only
+    v.trim(0, 512).await.unwrap(); // journal trim over an object's data
+    let want = vec![(512, false), (3584, true), (8192, false), (65536 - 12288, true)];
+    assert_eq!(v.allocation(0, 65536).unwrap(), want);
+    assert_eq!(
+        v.allocation(65536, (1 << 20) - 65536 + 8192).unwrap(),
+        vec![((1 << 20) - 65536, false), (4096, true), (4096, false)]
+    );
+    assert!(v.allocation(SIZE - 512, 1024).is_err(), "past the end");
+
+    let s = volume::inspect(&store, Some("a")).await.unwrap();
+    assert_eq!(s.head, v.info().head, "{s:?}");
+    assert!(s.objects >= 1 && s.stored_bytes >= 65536 - 8192, "{s:?}");
+    assert!(s.newest_object_secs.is_some());
+    assert!(matches!(volume::inspect(&store, Some("b")).await, Err(LsvdError::OtherVolume { .. })));
+    let uuid = v.info().uuid;
+    v.close().await.unwrap();
+    drop(v);
+
+    let e = volume::destroy(&store, uuid ^ 1).await.unwrap_err();
+    assert!(matches!(e, LsvdError::OtherVolume { .. }), "{e}");
+    assert!(volume::destroy(&store, uuid).await.unwrap() >= 3, "claim, data object, descriptor");
+    assert!(!volume::holds_objects(&store).await.unwrap());
+    let left = mem.list(Some(&object_store::path::Path::from("vols/a"))).collect::<Vec<_>>().await;
+    assert!(left.is_empty(), "{left:?}");
+    assert!(matches!(volume::inspect(&store, None).await, Err(LsvdError::NotFound(_))));
+    // A second delete finds nothing and is not an error.
+    assert_eq!(volume::destroy(&store, uuid).await.unwrap(), 0);
+}

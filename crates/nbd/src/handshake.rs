@@ -76,6 +76,9 @@ pub(crate) fn preferred_block_size(v: &Volume) -> u32 {
 
 fn description(name: &str, v: &Volume) -> String {
     let sb = v.superblock();
+    if let Some(s3) = sb.backend.s3() {
+        return format!("blizzard volume {name}: {} bytes, S3 (LSVD) at {}", sb.size_bytes, s3.url);
+    }
     format!(
         "blizzard volume {name}: {} bytes, {} commit, {} flush, {}-byte blocks, {} replicas",
         sb.size_bytes,

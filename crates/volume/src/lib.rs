@@ -17,6 +17,8 @@
 //! - `manage`: create, open, list, resize, delete volumes by name.
 //! - `retry`: retrying a write an engine already acknowledged, until it
 //!   lands or fails for good.
+//! - `lsvd`: S3 volumes (design 0008): an LSVD volume behind the same
+//!   [`Volume`] handle, its blob holding only the record.
 
 pub mod cache;
 mod extent_io;
@@ -25,6 +27,7 @@ pub mod intent;
 pub mod io;
 pub mod lease;
 pub mod log;
+pub mod lsvd;
 pub mod manage;
 pub(crate) mod retry;
 pub mod striping;
@@ -32,7 +35,10 @@ pub mod superblock;
 pub mod volume;
 
 pub use io::{BlobIo, ClientBlobIo, IoError};
-pub use superblock::{CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError};
+pub use lsvd::S3Spec;
+pub use superblock::{
+    Backend, CommitMode, ExposureLimits, FlushPolicy, S3Backend, Superblock, SuperblockError,
+};
 pub use volume::{AllocExtent, Allocation, Volume, VolumeSpec};
 
 /// Bugs planted on purpose so tests can show the crash checker catches
@@ -103,8 +109,19 @@ pub enum VolumeError {
     Io(IoError),
     #[error("{0}")]
     Unsupported(String),
+    /// A request refused for the reason (and remedy) its message gives: an
+    /// S3 volume's prefix holding another volume, a cache that is not its.
+    #[error("{0}")]
+    Refused(String),
     #[error("could not make the replicas of tract {tract} agree after an unclean close: {source}; every replica must be reachable (bring its tractserver back, or wait until it is replaced), then open the volume again")]
     Reconcile { tract: u64, source: IoError },
+    /// An S3 volume's data path (design 0008).
+    #[error("{0}")]
+    Lsvd(blizzard_lsvd::LsvdError),
+    /// The object store at `url` failed a create, open or delete; `hint`
+    /// says what to do.
+    #[error("{url}: {error}{hint}")]
+    S3 { url: String, error: blizzard_lsvd::LsvdError, hint: &'static str },
     #[error("{}", fenced_message(*newest))]
     Fenced { newest: u64 },
     #[error("volume {name:?} is open for writing by {} (its lease ends in {:.1} s unless that process renews it): stop that process, or open the volume read-only (`--read-only`); if that process is dead, wait for its lease to end or pass `--take-over`", if holder.is_empty() { "another process" } else { holder.as_str() }, remaining.as_secs_f64())]
@@ -150,19 +167,25 @@ impl VolumeError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             VolumeError::OutOfRange { .. } => ErrorKind::OutOfRange,
-            VolumeError::Invalid(_) | VolumeError::Unsupported(_) | VolumeError::Exists(_) => {
-                ErrorKind::Invalid
-            }
+            VolumeError::Invalid(_)
+            | VolumeError::Unsupported(_)
+            | VolumeError::Refused(_)
+            | VolumeError::Exists(_) => ErrorKind::Invalid,
             VolumeError::NotFound(_) | VolumeError::Superblock(_) => ErrorKind::Invalid,
             VolumeError::Fenced { .. } | VolumeError::Held { .. } => ErrorKind::Fenced,
             VolumeError::Io(e) | VolumeError::Reconcile { source: e, .. } => e.kind(),
+            VolumeError::Lsvd(e) | VolumeError::S3 { error: e, .. } => lsvd::kind(e),
         }
     }
 
     /// Whether this is stored data failing its checksum (see
     /// [`IoError::is_corrupt`]).
     pub fn is_corrupt(&self) -> bool {
-        matches!(self, VolumeError::Io(e) if e.is_corrupt())
+        match self {
+            VolumeError::Io(e) => e.is_corrupt(),
+            VolumeError::Lsvd(e) => e.kind() == blizzard_lsvd::Kind::Corrupt,
+            _ => false,
+        }
     }
 
     /// Whether another process has claimed the volume since this one
@@ -177,6 +200,8 @@ impl VolumeError {
         match self {
             VolumeError::Fenced { newest } => Some(*newest),
             VolumeError::Io(e) | VolumeError::Reconcile { source: e, .. } => e.fenced_by(),
+            // The newer writer's epoch is in the message; 0 says "another".
+            VolumeError::Lsvd(e) if e.kind() == blizzard_lsvd::Kind::Fenced => Some(0),
             _ => None,
         }
     }

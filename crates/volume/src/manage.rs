@@ -17,6 +17,7 @@ use blizzard_env::Env;
 
 use crate::io::{BlobIo, ClientBlobIo};
 use crate::lease::{Lease, Leased, Writer};
+use crate::lsvd::S3Spec;
 use crate::superblock::{Superblock, SUPERBLOCK_COPY_LEN};
 use crate::volume::{Volume, VolumeSpec};
 use crate::{PlantedBug, VolumeError};
@@ -54,7 +55,34 @@ pub async fn create_as(
     spec: &VolumeSpec,
     writer: &Writer,
 ) -> Result<Volume, VolumeError> {
-    Volume::validate(spec, client.tract_size())?;
+    create_with(env, client, spec, None, writer).await
+}
+
+/// Creates an S3 volume (design 0008; `lsvd`): its record in the blob the
+/// name hashes to (replication `spec.replication`), its data under
+/// `s3.url`, its journal in `s3.cache_dir`; held by this process. The
+/// commit mode, flush policy and striping of `spec` do not apply. Nothing
+/// is left behind on a failure.
+pub async fn create_s3(
+    env: Env,
+    client: &Client,
+    spec: &VolumeSpec,
+    s3: &S3Spec,
+) -> Result<Volume, VolumeError> {
+    create_with(env.clone(), client, spec, Some(s3), &Writer::new(&env)).await
+}
+
+async fn create_with(
+    env: Env,
+    client: &Client,
+    spec: &VolumeSpec,
+    s3: Option<&S3Spec>,
+    writer: &Writer,
+) -> Result<Volume, VolumeError> {
+    match s3 {
+        None => Volume::validate(spec, client.tract_size())?,
+        Some(_) => Volume::validate_name(&spec.name)?,
+    }
     if spec.replication == 0 || spec.replication > client.max_replication() {
         return Err(VolumeError::Invalid(format!(
             "replication {} is outside 1..={} (the cluster's maximum)",
@@ -82,7 +110,11 @@ pub async fn create_as(
         }
     };
     let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease.clone());
-    match Volume::format(env, io, spec).await {
+    let made = match s3 {
+        None => Volume::format(env, io, spec).await,
+        Some(s3) => crate::lsvd::create(env, io, spec, s3).await,
+    };
+    match made {
         Ok(v) => Ok(v),
         Err(e) => {
             // Do not leave a half-made volume behind.
@@ -184,13 +216,25 @@ pub async fn resize(
     Ok(sb)
 }
 
-/// Deletes a volume and frees its space. A volume another process holds
-/// is refused, naming the holder.
+/// Deletes a volume and frees its space: an S3 volume's objects and
+/// cache first, then its record. A volume another process holds is
+/// refused, naming the holder.
 pub async fn delete(env: Env, client: &Client, name: &str) -> Result<(), VolumeError> {
     let id = blob_id(name);
-    client.open_blob(id).await.map_err(not_found(name))?;
+    let blob = client.open_blob(id).await.map_err(not_found(name))?;
     let lease = Lease::acquire(env.clone(), client.clone(), id, name, &Writer::new(&env)).await?;
-    let r = client.delete_blob(id).await.map_err(not_found(name));
+    let r = async {
+        let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+        // A blob without a readable record is deleted as it is (a create
+        // cut off before its record, or damage): nothing else to find.
+        if let Ok(sb) = Volume::inspect(&io).await {
+            if sb.backend.s3().is_some() {
+                crate::lsvd::delete(&env, &sb).await?;
+            }
+        }
+        client.delete_blob(id).await.map_err(not_found(name))
+    }
+    .await;
     let _ = lease.release().await;
     r
 }

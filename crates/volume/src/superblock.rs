@@ -5,10 +5,14 @@
 use blizzard_core::crc::crc32c;
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZVOLUM";
-/// The newest format this build reads. Format 1 is everything but a log
-/// whose resizes moved its checkpoints (several log extents), written as
-/// format 2 so older builds refuse it by version instead of misreading it.
-pub const SUPERBLOCK_FORMAT: u32 = 2;
+/// The newest format this build reads. Format 1 is a volume in its blob
+/// whose log (if any) is in one extent; format 2 a log whose resizes moved
+/// its checkpoints (several log extents); format 3 a volume whose data is
+/// elsewhere (an LSVD volume in an object store: [`Backend::S3`]), the blob
+/// holding only this record. Each is written with the lowest format that
+/// holds it, so older builds refuse what they cannot serve by version
+/// instead of misreading it, and read everything else as before.
+pub const SUPERBLOCK_FORMAT: u32 = 3;
 /// Most extents a log's physical blocks may span (each resize that moves
 /// the checkpoints adds one); bounds what decoding allocates.
 pub const LOG_EXTENTS_MAX: usize = 64;
@@ -17,6 +21,10 @@ pub const LOG_EXTENTS_MAX: usize = 64;
 pub const SUPERBLOCK_COPY_LEN: u32 = 4096;
 /// Longest volume name.
 pub const NAME_LEN_MAX: usize = 200;
+/// Longest object store URL and cache directory an S3 volume's record
+/// holds (together with everything else they fit one copy with room).
+pub const S3_URL_LEN_MAX: usize = 1024;
+pub const CACHE_DIR_LEN_MAX: usize = 1024;
 
 /// When a write is acknowledged and how ordering is kept (Blizzard §2.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +132,48 @@ pub struct LogGeometry {
     pub extents: Vec<LogExtent>,
 }
 
+/// Where a volume's data lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Backend {
+    /// In the volume's own blob, after tract 0 (every format).
+    #[default]
+    Blob,
+    /// An LSVD volume (design 0008): a log of objects under a prefix of an
+    /// S3-compatible store, written through a journal on the serving
+    /// host's disk. The blob holds only this record (format 3).
+    S3(S3Backend),
+}
+
+/// An S3 volume's record: where its objects and its cache are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Backend {
+    /// `http://host:port/bucket/prefix` (or `https://`, `s3://`).
+    pub url: String,
+    /// The uuid in the prefix's descriptor: a prefix holding another
+    /// volume is refused at open.
+    pub uuid: u128,
+    /// The cache directory on the serving host (absolute).
+    pub cache_dir: String,
+    /// Size of the journal file created there.
+    pub cache_bytes: u64,
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Blob => "blob",
+            Backend::S3(_) => "s3",
+        }
+    }
+
+    pub fn s3(&self) -> Option<&S3Backend> {
+        match self {
+            Backend::Blob => None,
+            Backend::S3(s) => Some(s),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
     pub name: String,
@@ -140,6 +190,8 @@ pub struct Superblock {
     pub exposure: ExposureLimits,
     pub created_unix_s: u64,
     pub log: Option<LogGeometry>,
+    /// Where the data lives (format 3 for anything but the blob).
+    pub backend: Backend,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -166,6 +218,13 @@ impl Enc {
     fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
+    /// A length-prefixed string, cut at `max` bytes (callers validate
+    /// first; the cut only keeps the copy in bounds).
+    fn str(&mut self, v: &str, max: usize) {
+        let b = &v.as_bytes()[..v.len().min(max)];
+        self.0.extend_from_slice(&(b.len() as u16).to_le_bytes());
+        self.0.extend_from_slice(b);
+    }
 }
 
 struct Dec<'a>(&'a [u8]);
@@ -191,6 +250,14 @@ impl Dec<'_> {
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
+    }
+    fn str(&mut self, max: usize, field: &'static str) -> Result<String, SuperblockError> {
+        let b = self.take(2)?;
+        let n = u16::from_le_bytes([b[0], b[1]]) as usize;
+        if n > max {
+            return Err(SuperblockError::Field(field));
+        }
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| SuperblockError::Field(field))
     }
 }
 
@@ -238,6 +305,14 @@ impl Superblock {
                     e.u64(x.blocks);
                 }
             }
+        }
+        if let Backend::S3(b) = &self.backend {
+            // Format 3 only: older builds stop at the version.
+            e.u8(1);
+            e.0.extend_from_slice(&b.uuid.to_le_bytes());
+            e.u64(b.cache_bytes);
+            e.str(&b.url, S3_URL_LEN_MAX);
+            e.str(&b.cache_dir, CACHE_DIR_LEN_MAX);
         }
         let body_len = e.0.len();
         let mut b = e.0;
@@ -312,6 +387,25 @@ impl Superblock {
             }
             _ => return Err(SuperblockError::Field("log")),
         };
+        let backend = if format >= 3 {
+            match d.u8()? {
+                1 => {
+                    let uuid = u128::from_le_bytes(
+                        d.take(16)?.try_into().map_err(|_| SuperblockError::Field("backend"))?,
+                    );
+                    let cache_bytes = d.u64()?;
+                    let url = d.str(S3_URL_LEN_MAX, "s3 url")?;
+                    let cache_dir = d.str(CACHE_DIR_LEN_MAX, "cache dir")?;
+                    if url.is_empty() || cache_dir.is_empty() || log.is_some() {
+                        return Err(SuperblockError::Field("backend"));
+                    }
+                    Backend::S3(S3Backend { url, uuid, cache_dir, cache_bytes })
+                }
+                _ => return Err(SuperblockError::Field("backend")),
+            }
+        } else {
+            Backend::Blob
+        };
         if block_size == 0 || !block_size.is_power_of_two() || segment_tracts == 0 || replication == 0 {
             return Err(SuperblockError::Field("geometry"));
         }
@@ -327,13 +421,16 @@ impl Superblock {
             exposure,
             created_unix_s,
             log,
+            backend,
         }))
     }
 
-    /// The format this superblock needs: 2 only for a log in several extents.
+    /// The format this superblock needs: 3 for data outside the blob, 2
+    /// for a log in several extents, else 1.
     pub fn format(&self) -> u32 {
-        match &self.log {
-            Some(l) if l.extents.len() > 1 => 2,
+        match (&self.backend, &self.log) {
+            (Backend::S3(_), _) => 3,
+            (Backend::Blob, Some(l)) if l.extents.len() > 1 => 2,
             _ => 1,
         }
     }
@@ -380,7 +477,87 @@ mod tests {
                 checkpoint_slot_tracts: 2,
                 extents: vec![LogExtent { first_tract: 5, blocks: 200_000 }],
             }),
+            backend: Backend::Blob,
         }
+    }
+
+    fn s3_sample() -> Superblock {
+        Superblock {
+            mode: CommitMode::WriteThrough,
+            replication: 1,
+            block_size: 4096,
+            segment_tracts: 1,
+            log: None,
+            backend: Backend::S3(S3Backend {
+                url: "http://127.0.0.1:8333/lsvd/vols/db1".into(),
+                uuid: 0x0123_4567_89ab_cdef_0011_2233_4455_6677,
+                cache_dir: "/var/lib/blizzard/cache/db1".into(),
+                cache_bytes: 1 << 30,
+            }),
+            ..sample()
+        }
+    }
+
+    /// Re-seals a copy after a test edited its body.
+    fn reseal(b: &mut [u8]) {
+        let n = b.len();
+        let crc = crc32c(&b[..n - 4]);
+        b[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Records written before backends existed still decode, as blob
+    /// volumes: a blob volume's copy is byte for byte what format 1 was
+    /// (pinned by its CRC), and says format 1.
+    #[test]
+    fn blob_volumes_keep_their_old_bytes() -> Result<(), SuperblockError> {
+        let a = sample().encode();
+        assert_eq!(&a[8..12], &1u32.to_le_bytes());
+        let n = a.len();
+        assert_eq!(
+            u32::from_le_bytes([a[n - 4], a[n - 3], a[n - 2], a[n - 1]]),
+            0x2f6f_add6,
+            "golden CRC (recomputed by hand from the format-1 layout)"
+        );
+        assert_eq!(Superblock::decode(&a)?.map(|s| s.backend), Some(Backend::Blob));
+        Ok(())
+    }
+
+    /// An S3 volume's record round-trips as format 3; any flipped bit is
+    /// refused; lengths past their bounds, a record naming both a log and
+    /// an object store, and an unknown backend are refused without a panic.
+    #[test]
+    fn s3_records_round_trip_and_bounds() -> Result<(), SuperblockError> {
+        let s = s3_sample();
+        assert_eq!(s.format(), 3);
+        let a = s.encode();
+        assert_eq!(&a[8..12], &3u32.to_le_bytes());
+        assert_eq!(Superblock::decode(&a)?, Some(s.clone()));
+        for bit in (0..(a.len() * 8)).step_by(97) {
+            let mut bad = a.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Superblock::decode(&bad).ok().flatten(), None, "bit {bit}");
+        }
+        // The URL's length field, raised past its bound.
+        let url_at = a.windows(5).position(|w| w == b"http:").ok_or(SuperblockError::Field("test"))?;
+        let mut long = a.clone();
+        long[url_at - 2..url_at].copy_from_slice(&(S3_URL_LEN_MAX as u16 + 1).to_le_bytes());
+        reseal(&mut long);
+        assert_eq!(Superblock::decode(&long), Err(SuperblockError::Field("s3 url")));
+        // ... and past the end of the body.
+        let mut past = a.clone();
+        past[url_at - 2..url_at].copy_from_slice(&1000u16.to_le_bytes());
+        reseal(&mut past);
+        assert!(Superblock::decode(&past).is_err());
+        // An unknown backend tag.
+        let tag_at = url_at - 2 - 8 - 16 - 1;
+        let mut unknown = a.clone();
+        unknown[tag_at] = 7;
+        reseal(&mut unknown);
+        assert_eq!(Superblock::decode(&unknown), Err(SuperblockError::Field("backend")));
+        // A log and an object store at once.
+        let both = Superblock { log: sample().log, ..s.clone() };
+        assert_eq!(Superblock::decode(&both.encode()), Err(SuperblockError::Field("backend")));
+        Ok(())
     }
 
     /// A copy survives a round trip; any flipped bit makes it invalid; the

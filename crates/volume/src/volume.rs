@@ -20,6 +20,7 @@ use crate::fast_ack::FastAck;
 use crate::intent::{self, IntentLog, Recovery};
 use crate::io::BlobIo;
 use crate::log::{LogEngine, LogGeom};
+use crate::lsvd::LsvdEngine;
 use crate::striping::Striping;
 use crate::superblock::{
     CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
@@ -124,6 +125,8 @@ enum Engine {
     WriteThrough,
     FastAck(Arc<FastAck>),
     Log(Arc<LogEngine>),
+    /// An S3 volume (`lsvd`): the blob holds only the record.
+    Lsvd(Arc<LsvdEngine>),
 }
 
 pub struct Volume {
@@ -166,9 +169,7 @@ impl Volume {
     pub fn validate(spec: &VolumeSpec, tract_size: u32) -> Result<(), VolumeError> {
         let bs = spec.block_size.unwrap_or(BLOCK_SIZE_DEFAULT);
         let bad = |m: String| Err(VolumeError::Invalid(m));
-        if spec.name.is_empty() || spec.name.len() > NAME_LEN_MAX || spec.name.contains(['/', '\0']) {
-            return bad(format!("name must be 1..={NAME_LEN_MAX} bytes without '/'"));
-        }
+        Self::validate_name(&spec.name)?;
         if !bs.is_power_of_two() || bs < BLOCK_SIZE_MIN || bs > tract_size {
             return bad(format!("block size {bs} must be a power of two between {BLOCK_SIZE_MIN} and the tract size ({tract_size})"));
         }
@@ -194,6 +195,14 @@ impl Volume {
         }
         if spec.mode == CommitMode::Log {
             LogGeom::plan(spec.size_bytes, bs as u64, tract_size as u64)?;
+        }
+        Ok(())
+    }
+
+    /// A volume's name: 1..=NAME_LEN_MAX bytes, no '/' or NUL.
+    pub fn validate_name(name: &str) -> Result<(), VolumeError> {
+        if name.is_empty() || name.len() > NAME_LEN_MAX || name.contains(['/', '\0']) {
+            return Err(VolumeError::Invalid(format!("name must be 1..={NAME_LEN_MAX} bytes without '/'")));
         }
         Ok(())
     }
@@ -232,6 +241,7 @@ impl Volume {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             log: None,
+            backend: crate::Backend::Blob,
         };
         if sb.mode == CommitMode::Log {
             let geom = LogGeom::plan(sb.size_bytes, sb.block_size as u64, io.tract_size() as u64)?;
@@ -248,7 +258,7 @@ impl Volume {
         Self::open(env, io, PlantedBug::None).await
     }
 
-    async fn write_superblock(io: &Arc<dyn BlobIo>, sb: &Superblock) -> Result<(), VolumeError> {
+    pub(crate) async fn write_superblock(io: &Arc<dyn BlobIo>, sb: &Superblock) -> Result<(), VolumeError> {
         io.write(0, Superblock::copy_offset(sb.generation), Bytes::from(sb.encode())).await?;
         Ok(())
     }
@@ -349,8 +359,13 @@ impl Volume {
     ///    its intent bitmap names the same on every replica
     ///    (`IntentLog::recover`), before the first read;
     /// 4. a log volume rolls its log forward.
+    ///
+    /// An S3 volume's record leads to its object log instead (`lsvd`).
     pub async fn open(env: Env, io: Arc<dyn BlobIo>, planted: PlantedBug) -> Result<Volume, VolumeError> {
         let mut sb = Self::read_superblock(&io).await?;
+        if sb.backend.s3().is_some() {
+            return crate::lsvd::open(env, io, sb).await;
+        }
         let claim = intent::claim(&io).await?;
         if sb.mode == CommitMode::Log || io.replication() > 1 {
             sb = Self::settle_superblock(&io).await?;
@@ -386,6 +401,12 @@ impl Volume {
     /// differ until the writer opens it). Writes are refused.
     pub async fn open_read_only(io: Arc<dyn BlobIo>) -> Result<Volume, VolumeError> {
         let sb = Self::read_superblock(&io).await?;
+        if sb.backend.s3().is_some() {
+            return Err(VolumeError::Unsupported(
+                "an S3 volume can only be read through its writer (what it has not destaged is in its cache)"
+                    .into(),
+            ));
+        }
         if sb.mode == CommitMode::Log {
             return Err(VolumeError::Unsupported(
                 "a log volume can only be read through its writer (its block map is in the writer's memory)"
@@ -402,6 +423,34 @@ impl Volume {
             recovery: Recovery::default(),
             read_only: true,
         })
+    }
+
+    /// An S3 volume's handle: its record in `io`, its engine.
+    pub(crate) fn with_lsvd(
+        io: Arc<dyn BlobIo>,
+        sb: Superblock,
+        engine: Arc<LsvdEngine>,
+        epoch: u64,
+    ) -> Volume {
+        let striping = striping_for(&sb, io.tract_size());
+        Volume {
+            io,
+            sb,
+            striping,
+            engine: Engine::Lsvd(engine),
+            intent: None,
+            recovery: Recovery { writer: epoch, ..Recovery::default() },
+            read_only: false,
+        }
+    }
+
+    /// An S3 volume's own figures (what is not yet in the object store,
+    /// the cache's use), or `None` for a volume in its blob.
+    pub fn lsvd_info(&self) -> Option<blizzard_lsvd::Info> {
+        match &self.engine {
+            Engine::Lsvd(l) => Some(l.volume().info()),
+            _ => None,
+        }
     }
 
     /// What opening found and did: the writer epoch claimed, and the
@@ -465,6 +514,9 @@ impl Volume {
                     Self::write_superblock(&self.io, &sb).await?;
                 }
             }
+            Engine::Lsvd(_) => {
+                return Err(VolumeError::Unsupported("S3 volumes cannot be resized yet".into()));
+            }
             Engine::WriteThrough | Engine::FastAck(_) => {
                 if self.intent.is_some() {
                     Self::check_intent_capacity(&self.striping, size_bytes)?;
@@ -510,6 +562,7 @@ impl Volume {
             Engine::WriteThrough => Ok(extent_io::read(&self.io, &self.striping, offset, len).await?),
             Engine::FastAck(f) => f.read(offset, len).await,
             Engine::Log(l) => l.read(offset, len).await,
+            Engine::Lsvd(l) => l.read(offset, len).await,
         }
     }
 
@@ -547,6 +600,10 @@ impl Volume {
                 }
                 Ok(())
             }
+            Engine::Lsvd(l) => match data {
+                Data::Bytes(b) => l.write(offset, b, fua).await,
+                Data::Zero(len) => l.zero(offset, len, fua).await,
+            },
         }
     }
 
@@ -583,6 +640,8 @@ impl Volume {
             Engine::WriteThrough => Ok(()),
             Engine::FastAck(f) => f.flush(durable).await,
             Engine::Log(l) => l.flush(durable).await,
+            // Every flush is durable: one fdatasync of the journal.
+            Engine::Lsvd(l) => l.flush().await,
         }
     }
 
@@ -605,6 +664,9 @@ impl Volume {
         // on the blob, so every acknowledged write is in the snapshot or in
         // the bitmaps read after it (the other order could miss a write that
         // finished in between).
+        if let Engine::Lsvd(l) = &self.engine {
+            return l.allocation(offset, len);
+        }
         let fast_ack_cached = match &self.engine {
             Engine::FastAck(f) => f.cached(offset, len),
             _ => Vec::new(),
@@ -643,6 +705,7 @@ impl Volume {
                 }
                 cached
             }
+            Engine::Lsvd(_) => unreachable!("answered above"),
         };
         for (at, d) in &cached {
             runs.paint(*at, *at + d.len(), matches!(d, Data::Bytes(_)));
@@ -656,6 +719,9 @@ impl Volume {
             Engine::WriteThrough => (0, 0),
             Engine::FastAck(f) => f.outstanding(),
             Engine::Log(l) => l.outstanding(),
+            // Acknowledged writes are in the journal (durable at the next
+            // flush); `lsvd_info` says what is not in the object store.
+            Engine::Lsvd(_) => (0, 0),
         }
     }
 
@@ -672,6 +738,11 @@ impl Volume {
     /// is not durable yet must not be handed to another writer.
     pub async fn release(&self) -> Result<(), VolumeError> {
         self.quiesce().await?;
+        if let Engine::Lsvd(l) = &self.engine {
+            // Destage what the journal holds, so the next open need not be
+            // on this host; then stop the destager.
+            l.close().await?;
+        }
         if !self.read_only {
             self.io.release().await?;
         }
