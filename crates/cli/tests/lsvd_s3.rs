@@ -47,8 +47,7 @@ fn s3_credentials() {
 
 /// `blizzard ARGS` with extra environment: (success, stdout + stderr).
 fn blizzard_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-    let out =
-        Command::new(env!("CARGO_BIN_EXE_blizzard")).args(args).envs(env.iter().copied()).output().unwrap();
+    let out = Command::new(common::blizzard_bin()).args(args).envs(env.iter().copied()).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
