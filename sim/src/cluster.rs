@@ -58,6 +58,11 @@
 //!   dropped (after a timeout, a partition or a crash) is delivered again
 //!   50 ms–3 s later on a new connection, with its old `Hello`, as TCP can
 //!   deliver a dead connection's bytes late;
+//! - flow control with tiny bounds: blob clients' writes of 8 KiB or more
+//!   ask first and tractservers clear two tracts at a time
+//!   (`FLOW_ASK_MIN`), so requests-to-send and grants meet every fault
+//!   here (a grant's holder crashing, its request cut off or delivered
+//!   late);
 //! - volume-client crash (`crash_volume_clients`): the host's software
 //!   stops at once, mostly while writes are cut off by it (issued and not
 //!   completed, or acknowledged by a fast-ack volume and not durable),
@@ -87,6 +92,7 @@ use rand::{Rng, SeedableRng};
 use blizzard_client::{Client, ClientConfig};
 use blizzard_metaserver::replica::{GroupConfig, Timing};
 use blizzard_metaserver::server::{self as meta, MetaConfig, MetaPlant};
+use blizzard_rpc::FlowLimits;
 use blizzard_tractserver::{self as ts, TractServerConfig};
 
 use crate::ghost::deliver_late;
@@ -226,6 +232,13 @@ const TS_DISK: u64 = 16 << 20;
 /// writes and crashes land inside them.
 const TS_JOURNAL: u64 = 4096;
 
+/// Blob clients' writes of at least this many bytes ask before they send
+/// (flow control with tiny bounds, as the rest of this configuration has:
+/// with 16 KiB tracts the production threshold would never be reached),
+/// into tractservers that clear two tracts at a time, so requests-to-send,
+/// grants and their timeouts meet crashes, partitions and late duplicates.
+const FLOW_ASK_MIN: u32 = 8 << 10;
+
 fn ts_host(i: usize) -> String {
     format!("ts{i}")
 }
@@ -316,7 +329,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     for i in 0..total {
         let (disks, lives, planted) = (disks.clone(), Rc::new(RefCell::new(0u64)), cfg.planted_bug);
         let checkpoints = checkpoints.clone();
-        let meta_addr = meta_addr.clone();
+        let (meta_addr, tract) = (meta_addr.clone(), cfg.tract_size);
         // A joining server's first start waits until the cluster has run a
         // while (and is under load); restarts after a crash do not.
         let join_after = (i >= cfg.tractservers).then(|| {
@@ -343,6 +356,11 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 c.heartbeat_interval = Duration::from_millis(100);
                 c.request_timeout = Duration::from_secs(2);
                 c.planted_bug = planted;
+                c.limits.flow = FlowLimits {
+                    window_bytes: Some(2 * tract as u64),
+                    grant_timeout: Duration::from_secs(2),
+                    ..FlowLimits::default()
+                };
                 c.journal_len = Some(TS_JOURNAL);
                 // Repairs the flipped bits (reads go to another replica
                 // meanwhile).
@@ -890,6 +908,7 @@ async fn client_workload(
     probe: Probe,
 ) -> Result<(), BoxError> {
     let mut cc = ClientConfig::new(meta_addrs(cfg.meta_replicas));
+    cc.large_transfer_min = Some(FLOW_ASK_MIN);
     cc.request_timeout = Duration::from_secs(2);
     cc.attempts = 30;
     cc.backoff_max = Duration::from_millis(500);

@@ -267,10 +267,17 @@ impl GhostStream {
                     return;
                 }
                 self.hello = Some(frame);
-            } else if matches!(
-                Opcode::from_u16(header.opcode),
-                Some(Opcode::WriteTract | Opcode::WriteTractCached | Opcode::TrimTract | Opcode::DeleteTract)
-            ) {
+            } else if header.kind == FrameKind::Request
+                && matches!(
+                    Opcode::from_u16(header.opcode),
+                    Some(
+                        Opcode::WriteTract
+                            | Opcode::WriteTractCached
+                            | Opcode::TrimTract
+                            | Opcode::DeleteTract
+                    )
+                )
+            {
                 // The duplicates that can do harm: changes.
                 self.last = Some(frame);
             }

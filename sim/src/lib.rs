@@ -19,6 +19,8 @@
 //!   model ([`FaultConfig`], [`CrashReport`]).
 //! - [`net`]: [`SimNet`], turmoil TCP behind the `Net` trait, addressed by
 //!   host name (`"ts1:7000"`).
+//! - [`link`]: [`Links`], bandwidth-limited links (a FIFO timeline per
+//!   host and direction) and their performance model.
 //! - [`ghost`]: late duplicates of dropped connections' requests (blob
 //!   protocol) or of any request frame (the runtime's), and late requests
 //!   of crashed clients ([`Ghosts`]).
@@ -26,6 +28,9 @@
 //!   crashes mid-write; replica agreement and the crash checker's contract
 //!   after every recovery.
 //! - [`cluster`]: the whole cluster under chaos ([`run_blob_sim`]).
+//! - [`flow`]: the flow-control experiment: many senders of tracts into
+//!   one tractserver over limited links, with and without receiver-driven
+//!   flow control ([`flow::run_flow_sim`]).
 //! - [`linearizable`]: a linearizability checker for key-value histories ([`linearizable::check`]).
 //! - [`runtime`]: the replicated runtime's members under chaos, with
 //!   linearizability, exactly-once and replica-agreement checks
@@ -40,8 +45,10 @@
 pub mod cluster;
 pub mod disk;
 pub mod env;
+pub mod flow;
 pub mod ghost;
 pub mod linearizable;
+pub mod link;
 pub mod net;
 pub mod runtime;
 pub mod volume_client;
@@ -55,6 +62,7 @@ pub use env::{
     derive_seed, sim_env, sim_env_incarnation, sim_env_with_ghosts, SimClock, SimRng, Trace, SIM_EPOCH,
 };
 pub use ghost::Ghosts;
+pub use link::{LinkConfig, Links};
 pub use net::SimNet;
 pub use runtime::{run_runtime_sim, RuntimePlant, RuntimeSimConfig, RuntimeSimReport};
 

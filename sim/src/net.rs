@@ -11,6 +11,10 @@
 //! calling task runs on, and [`Listener::local_addr`] answers with this
 //! host's name so that other hosts can dial it.
 //!
+//! With [`Links`] attached ([`SimNet::with_links`]) every stream this host
+//! opens or accepts is bandwidth-limited: its writes take their turn on
+//! this host's egress and the peer's ingress (`link`).
+//!
 //! Not simulated: unix sockets (`unix:` addresses are refused with
 //! `Unsupported`; the NBD front end is tested against the real env).
 
@@ -24,6 +28,7 @@ use futures::FutureExt;
 use turmoil::net::{TcpListener, TcpStream};
 
 use crate::ghost::{GhostStream, Ghosts};
+use crate::link::Links;
 use crate::SimError;
 
 /// The simulated network as seen from host `host`.
@@ -32,19 +37,27 @@ pub struct SimNet {
     host: Arc<str>,
     /// Late duplicates of this host's client connections, if injected.
     ghosts: Option<Ghosts>,
+    /// Bandwidth-limited links, if modelled.
+    links: Option<Links>,
 }
 
 impl SimNet {
     /// The network of the turmoil host named `host`; its listeners must be
     /// bound from tasks running on that host.
     pub fn new(host: &str) -> SimNet {
-        SimNet { host: host.into(), ghosts: None }
+        SimNet { host: host.into(), ghosts: None, links: None }
     }
 
     /// The same, with late duplicates of its client connections' requests
     /// (see `ghost`).
     pub fn with_ghosts(host: &str, ghosts: Ghosts) -> SimNet {
-        SimNet { host: host.into(), ghosts: Some(ghosts) }
+        SimNet { host: host.into(), ghosts: Some(ghosts), links: None }
+    }
+
+    /// This network with its streams limited by `links` (`link`).
+    pub fn with_links(mut self, links: Links) -> SimNet {
+        self.links = Some(links);
+        self
     }
 
     pub fn host(&self) -> &str {
@@ -99,14 +112,20 @@ impl Net for SimNet {
     fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>> {
         let addr = addr.to_string();
         let ghosts = self.ghosts.clone();
+        let links = self.links.clone();
         let host = self.host.clone();
         async move {
             check_simulated(&addr)?;
             let s = TcpStream::connect(addr.as_str()).await?;
             s.set_nodelay(true)?;
-            Ok(match ghosts {
-                Some(g) => Box::new(GhostStream::new(s, addr, g, host)) as BoxStream,
+            let peer = split_host_port(&addr)?.0.to_string();
+            let stream = match ghosts {
+                Some(g) => Box::new(GhostStream::new(s, addr, g, host.clone())) as BoxStream,
                 None => Box::new(s) as BoxStream,
+            };
+            Ok(match links {
+                Some(l) => l.shape(stream, &host, &peer),
+                None => stream,
             })
         }
         .boxed()
@@ -115,6 +134,7 @@ impl Net for SimNet {
     fn bind(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>> {
         let addr = addr.to_string();
         let me = self.host.clone();
+        let links = self.links.clone();
         async move {
             check_simulated(&addr)?;
             let (to, port) = bind_target(&addr, &me)?;
@@ -131,7 +151,7 @@ impl Net for SimNet {
             let bound = l.local_addr()?;
             let local = if ip.is_loopback() { bound.to_string() } else { format!("{me}:{}", bound.port()) };
             tracing::trace!(host = %me, %local, "sim bind");
-            Ok(Box::new(SimListener { l, local }) as Box<dyn Listener>)
+            Ok(Box::new(SimListener { l, local, host: me, links }) as Box<dyn Listener>)
         }
         .boxed()
     }
@@ -140,6 +160,8 @@ impl Net for SimNet {
 struct SimListener {
     l: TcpListener,
     local: String,
+    host: Arc<str>,
+    links: Option<Links>,
 }
 
 impl Listener for SimListener {
@@ -148,11 +170,16 @@ impl Listener for SimListener {
             let (s, peer) = self.l.accept().await?;
             s.set_nodelay(true)?;
             // Name the peer as the harness named it, as a log would want.
-            let peer = match turmoil::reverse_lookup(peer.ip()) {
+            let name = turmoil::reverse_lookup(peer.ip());
+            let stream = match &self.links {
+                Some(l) => l.shape(Box::new(s), &self.host, name.as_deref().unwrap_or(&*self.host)),
+                None => Box::new(s) as BoxStream,
+            };
+            let peer = match name {
                 Some(name) => format!("{name}:{}", peer.port()),
                 None => peer.to_string(),
             };
-            Ok((Box::new(s) as BoxStream, peer))
+            Ok((stream, peer))
         }
         .boxed()
     }

@@ -114,9 +114,10 @@ impl Peer {
             Ok(Err(e)) => {
                 self.conn = None;
                 Err(match &e {
-                    RpcError::Connect { .. } | RpcError::ConnectionLost(_) | RpcError::Timeout(_) => {
-                        RPCError::Unreachable(Unreachable::new(&e))
-                    }
+                    RpcError::Connect { .. }
+                    | RpcError::ConnectionLost(_)
+                    | RpcError::Timeout(_)
+                    | RpcError::NoGrant(_) => RPCError::Unreachable(Unreachable::new(&e)),
                     RpcError::Remote { .. } | RpcError::Decode { .. } => {
                         tracing::warn!(peer = self.target, addr = %self.addr, error = %e, "peer refused a Raft message");
                         RPCError::Network(NetworkError::new(&e))

@@ -34,6 +34,10 @@ pub struct ClientConfig {
     pub backoff_max: Duration,
     /// How long `connect` waits for the cluster to have a TLT.
     pub connect_timeout: Duration,
+    /// Requests carrying at least this many bytes ask the tractserver
+    /// before they send (receiver-driven flow control, `blizzard_rpc`'s
+    /// `flow`); `None` sends them at once (comparisons only).
+    pub large_transfer_min: Option<u32>,
 }
 
 impl ClientConfig {
@@ -46,6 +50,7 @@ impl ClientConfig {
             backoff: Duration::from_millis(20),
             backoff_max: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(30),
+            large_transfer_min: Some(blizzard_rpc::LARGE_TRANSFER_MIN),
         }
     }
 }
@@ -190,6 +195,8 @@ pub(crate) fn classify(e: &RpcError) -> Next {
         // replacement or new address.
         RpcError::Connect { .. } | RpcError::ConnectionLost(_) | RpcError::Timeout(_) => Next::Refresh,
         RpcError::Decode { .. } => Next::Backoff,
+        // Busy receiving other large transfers: the same server, later.
+        RpcError::NoGrant(_) => Next::Backoff,
     }
 }
 
@@ -197,7 +204,7 @@ impl Client {
     /// Connects to the metadata server and fetches the TLT, waiting up to
     /// `connect_timeout` for the cluster to have one.
     pub async fn connect(env: Env, cfg: ClientConfig) -> Result<Client, ClientError> {
-        let pool = Pool::new(env.clone(), cfg.request_timeout);
+        let pool = Pool::new(env.clone(), cfg.request_timeout, cfg.large_transfer_min);
         let meta = MetaService::parse(&env, &cfg.meta)
             .map_err(|message| ClientError::Meta { addr: cfg.meta.clone(), message })?;
         let deadline = env.now() + cfg.connect_timeout;

@@ -3,6 +3,14 @@
 //! message or a 4 KiB write never waits behind an 8 MiB tract (FDS §4:
 //! small and large messages travel on separate flows).
 //!
+//! The pool is also the receiving end of the reads it asks for: a large
+//! reply (a read of at least the flow-control threshold,
+//! `blizzard_rpc::LARGE_TRANSFER_MIN` unless configured) is asked for only
+//! while fewer than [`PULL_WINDOW_BYTES`] of such replies are outstanding,
+//! so a client reading widely does not have every tractserver send it a
+//! tract at once and swamp its own link (FDS §4, the receiver limiting
+//! what comes its way). Small reads never wait for that window.
+//!
 //! Every connection opens with `Hello` (this pool's session and the peer's
 //! current epoch). Dialing a peer again after a connection to it failed or
 //! timed out raises the peer's epoch, so the peer refuses whatever the old
@@ -23,6 +31,12 @@ use blizzard_rpc::{RpcConn, RpcError};
 /// Messages carrying more data than this use the bulk connection.
 pub const BULK_THRESHOLD: usize = 64 << 10;
 
+/// Bytes of large read replies one pool has asked for and not received,
+/// at most (one read larger than this still goes, alone): the same
+/// window a tractserver grants large requests into itself.
+pub const PULL_WINDOW_BYTES: u64 = blizzard_rpc::GRANT_WINDOW_DEFAULT;
+const _: () = assert!(PULL_WINDOW_BYTES <= tokio::sync::Semaphore::MAX_PERMITS as u64);
+
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 enum Lane {
     Control,
@@ -35,6 +49,8 @@ type Slot = Arc<tokio::sync::Mutex<Option<(RpcConn, u64)>>>;
 pub struct Pool {
     env: Env,
     timeout: Duration,
+    /// Requests with at least this much data ask before they send.
+    rts_min: Option<u32>,
     /// Random per pool: the peers' `Hello` session.
     session: u64,
     /// Ordered: dropping the pool closes connections in the same order on
@@ -42,6 +58,8 @@ pub struct Pool {
     conns: Mutex<BTreeMap<(String, Lane), Slot>>,
     /// Per peer, the epoch its connections open with.
     epochs: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    /// Bytes of large replies that may be outstanding (`PULL_WINDOW_BYTES`).
+    pulls: tokio::sync::Semaphore,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -52,14 +70,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pool {
-    pub fn new(env: Env, timeout: Duration) -> Pool {
+    pub fn new(env: Env, timeout: Duration, rts_min: Option<u32>) -> Pool {
         let session = env.random_u64();
         Pool {
             env,
             timeout,
+            rts_min,
             session,
             conns: Mutex::new(BTreeMap::new()),
             epochs: Mutex::new(BTreeMap::new()),
+            pulls: tokio::sync::Semaphore::new(PULL_WINDOW_BYTES as usize),
         }
     }
 
@@ -92,6 +112,7 @@ impl Pool {
         let hello = Request::Hello { session: self.session, epoch: e };
         let dial = async {
             let c = RpcConn::connect(&self.env, addr).await?;
+            c.set_rts_min(self.rts_min);
             c.call(&hello, Bytes::new()).await?;
             Ok::<RpcConn, RpcError>(c)
         };
@@ -114,7 +135,138 @@ impl Pool {
         let big = data.len() > BULK_THRESHOLD
             || matches!(req, Request::ReadTract { len, .. } if *len as usize > BULK_THRESHOLD);
         let lane = if big { Lane::Bulk } else { Lane::Control };
+        // A large reply is asked for only within the pull window (module
+        // docs); one larger than the window takes all of it.
+        let pull = match (req, self.rts_min) {
+            (Request::ReadTract { len, .. }, Some(min)) if *len >= min => {
+                (*len as u64).min(PULL_WINDOW_BYTES)
+            }
+            _ => 0,
+        };
+        let _pulling = match pull {
+            0 => None,
+            n => Some(
+                self.pulls
+                    .acquire_many(n as u32)
+                    .await
+                    .map_err(|_| RpcError::ConnectionLost(addr.to_string()))?,
+            ),
+        };
         let c = self.conn(addr, lane).await?;
         c.call_timeout(&self.env, self.timeout, req, data).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    use blizzard_proto::{ErrorReply, TractAddr};
+    use blizzard_rpc::{serve, Caller, Service, ShutdownHandle};
+    use futures::future::BoxFuture;
+    use futures::FutureExt;
+    use tokio::sync::Semaphore;
+
+    /// Holds each read until the test opens the gate; counts how many it
+    /// holds.
+    struct HeldReads {
+        gate: Semaphore,
+        now: AtomicUsize,
+    }
+
+    impl Service for HeldReads {
+        fn call(
+            self: Arc<Self>,
+            req: Request,
+            _data: Bytes,
+            _caller: Caller,
+        ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
+            async move {
+                self.now.fetch_add(1, Ordering::AcqRel);
+                if let Ok(p) = self.gate.acquire().await {
+                    p.forget();
+                }
+                self.now.fetch_sub(1, Ordering::AcqRel);
+                match req {
+                    // The pool hands replies back undecoded: no real CRCs needed.
+                    Request::ReadTract { len, .. } => {
+                        (Ok(Reply::Read { crcs: Vec::new() }), Bytes::from(vec![0u8; len as usize]))
+                    }
+                    _ => (Ok(Reply::Done), Bytes::new()),
+                }
+            }
+            .boxed()
+        }
+    }
+
+    fn read(len: u32) -> Request {
+        let addr = TractAddr {
+            blob: blizzard_core::BlobId(1),
+            incarnation: 1,
+            tract: blizzard_core::TractNo(0),
+            row_version: 1,
+            writer: 0,
+        };
+        Request::ReadTract { addr, offset: 0, len }
+    }
+
+    /// Waits until the server holds `n` reads (fails after 20 s).
+    async fn until_held(env: &Env, s: &HeldReads, n: usize) -> Result<(), String> {
+        for _ in 0..2000 {
+            if s.now.load(Ordering::Acquire) == n {
+                return Ok(());
+            }
+            env.sleep(Duration::from_millis(10)).await;
+        }
+        Err(format!("the server never held {n} reads (holds {})", s.now.load(Ordering::Acquire)))
+    }
+
+    // Large reads are asked for only within the pull window (two 8 MiB
+    // reads of eight at once), small ones are not held by it, and without
+    // flow control the window is not applied.
+    #[tokio::test]
+    async fn large_reads_stay_within_the_pull_window() -> Result<(), Box<dyn std::error::Error>> {
+        let env = Env::real();
+        let listener = env.bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr();
+        let server = Arc::new(HeldReads { gate: Semaphore::new(0), now: 0.into() });
+        let (_stop, shutdown) = ShutdownHandle::new();
+        tokio::spawn(serve(env.clone(), listener, server.clone(), Default::default(), shutdown));
+        let tract = 8u32 << 20;
+        let window = (PULL_WINDOW_BYTES / tract as u64) as usize;
+        assert_eq!(window, 2);
+
+        let pool =
+            Arc::new(Pool::new(env.clone(), Duration::from_secs(30), Some(blizzard_rpc::LARGE_TRANSFER_MIN)));
+        let spawn_reads = |pool: &Arc<Pool>, n: usize, len: u32| {
+            (0..n)
+                .map(|_| {
+                    let (pool, addr) = (pool.clone(), addr.clone());
+                    tokio::spawn(async move { pool.call(&addr, &read(len), Bytes::new()).await })
+                })
+                .collect::<Vec<_>>()
+        };
+        let large = spawn_reads(&pool, 8, tract);
+        until_held(&env, &server, window).await?;
+        // The other six wait in the pool: none reaches the server.
+        env.sleep(Duration::from_millis(200)).await;
+        assert_eq!(server.now.load(Ordering::Acquire), window);
+        // Small reads pass them.
+        let small = spawn_reads(&pool, 8, 4096);
+        until_held(&env, &server, window + 8).await?;
+        server.gate.add_permits(16);
+        for r in large.into_iter().chain(small) {
+            r.await??;
+        }
+
+        let unlimited = Arc::new(Pool::new(env.clone(), Duration::from_secs(30), None));
+        let reads = spawn_reads(&unlimited, 4, tract);
+        until_held(&env, &server, 4).await?;
+        server.gate.add_permits(4);
+        for r in reads {
+            r.await??;
+        }
+        Ok(())
     }
 }

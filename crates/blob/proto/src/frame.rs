@@ -2,8 +2,8 @@
 //!
 //! ```text
 //!  0 magic      u32  "BLZD"
-//!  4 version    u8   4
-//!  5 kind       u8   0 request, 1 response
+//!  4 version    u8   5
+//!  5 kind       u8   0 request, 1 response, 2 request-to-send, 3 clear-to-send
 //!  6 opcode     u16
 //!  8 request_id u64  echoed in the response
 //! 16 meta_len   u32  <= FRAME_META_MAX
@@ -14,19 +14,45 @@
 //!
 //! A header that fails any check leaves the stream unframed: the receiver
 //! answers once with an error and closes the connection.
+//!
+//! Kinds 2 and 3 carry receiver-driven flow control (FDS §4, `flow`): a
+//! request-to-send announces a large request by its id and opcode, and
+//! the receiver answers with a clear-to-send when the request may follow.
+//! Neither has a data part, and their meta part is at most
+//! [`FLOW_META_MAX`] bytes, checked here before anything is read.
+//!
+//! Version 5 added kinds 2 and 3: a version 4 peer would take them for a
+//! corrupt stream, so the version byte refuses the mix up front.
 
 use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BLZD");
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 pub const HEADER_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrameKind {
     Request = 0,
     Response = 1,
+    /// Request-to-send: a large request (its id and opcode in the header,
+    /// its data length in the meta part) waits for the receiver's grant.
+    Rts = 2,
+    /// Clear-to-send: the request with this id may be sent now.
+    Cts = 3,
 }
+
+impl FrameKind {
+    /// Whether frames of this kind are flow control (no data part, a tiny
+    /// meta part) rather than a request or its reply.
+    pub fn is_flow(self) -> bool {
+        matches!(self, FrameKind::Rts | FrameKind::Cts)
+    }
+}
+
+/// Largest meta part of a flow-control frame (a request-to-send's is 4
+/// bytes; the rest is room to grow without a new version).
+pub const FLOW_META_MAX: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -54,6 +80,8 @@ pub enum FrameError {
     DataTooLong(u32),
     #[error("frame meta CRC mismatch")]
     MetaCrc,
+    #[error("flow-control frame with a meta part of {meta_len} bytes and a data part of {data_len}")]
+    FlowTooLong { meta_len: u32, data_len: u32 },
 }
 
 impl FrameHeader {
@@ -89,6 +117,8 @@ impl FrameHeader {
         let kind = match b[5] {
             0 => FrameKind::Request,
             1 => FrameKind::Response,
+            2 => FrameKind::Rts,
+            3 => FrameKind::Cts,
             k => return Err(FrameError::BadKind(k)),
         };
         let meta_len = u32_at(16);
@@ -98,6 +128,9 @@ impl FrameHeader {
         }
         if data_len > FRAME_DATA_MAX {
             return Err(FrameError::DataTooLong(data_len));
+        }
+        if kind.is_flow() && (meta_len > FLOW_META_MAX || data_len != 0) {
+            return Err(FrameError::FlowTooLong { meta_len, data_len });
         }
         Ok(FrameHeader {
             kind,
@@ -141,7 +174,7 @@ mod tests {
         assert_eq!(
             b[..28],
             [
-                0x42, 0x4c, 0x5a, 0x44, 4, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
+                0x42, 0x4c, 0x5a, 0x44, 5, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
                 0xef, 0xbe, 0xad, 0xde
             ]
         );
@@ -157,6 +190,60 @@ mod tests {
             b[i / 8] ^= 1 << (i % 8);
             assert!(FrameHeader::decode(&b).is_err(), "bit {i} flip accepted");
         }
+    }
+
+    /// Request-to-send and clear-to-send headers are pinned too.
+    #[test]
+    fn flow_header_golden_bytes() {
+        let rts = FrameHeader {
+            kind: FrameKind::Rts,
+            opcode: 0x0101,
+            request_id: 9,
+            meta_len: 4,
+            data_len: 0,
+            meta_crc: 0x0102_0304,
+        };
+        let b = rts.encode();
+        assert_eq!(
+            b[..28],
+            [
+                0x42, 0x4c, 0x5a, 0x44, 5, 2, 0x01, 0x01, 9, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 4,
+                3, 2, 1
+            ]
+        );
+        assert_eq!(FrameHeader::decode(&b), Ok(rts));
+        let cts = FrameHeader { kind: FrameKind::Cts, meta_len: 0, meta_crc: crc32c(&[]), ..rts };
+        assert_eq!(cts.encode()[5], 3);
+        assert_eq!(FrameHeader::decode(&cts.encode()), Ok(cts));
+    }
+
+    /// A flow-control header announcing data, or a meta part over its
+    /// bound, is refused before anything is read.
+    #[test]
+    fn flow_frames_are_bounded() {
+        let rts = FrameHeader {
+            kind: FrameKind::Rts,
+            opcode: 0x0101,
+            request_id: 9,
+            meta_len: 4,
+            data_len: 0,
+            meta_crc: 0,
+        };
+        let with_data = FrameHeader { data_len: 1, ..rts };
+        assert_eq!(
+            FrameHeader::decode(&with_data.encode()),
+            Err(FrameError::FlowTooLong { meta_len: 4, data_len: 1 })
+        );
+        let long = FrameHeader { kind: FrameKind::Cts, meta_len: FLOW_META_MAX + 1, ..rts };
+        assert_eq!(
+            FrameHeader::decode(&long.encode()),
+            Err(FrameError::FlowTooLong { meta_len: FLOW_META_MAX + 1, data_len: 0 })
+        );
+        let mut b = rts.encode();
+        b[5] = 4;
+        let crc = crc32c(&b[0..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::BadKind(4)));
     }
 
     #[test]

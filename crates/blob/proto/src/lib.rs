@@ -11,10 +11,12 @@
 
 pub mod cluster;
 pub mod codec;
+pub mod flow;
 pub mod frame;
 pub mod msg;
 
 pub use cluster::*;
 pub use codec::{DecodeError, Reader, Wire, Writer};
-pub use frame::{FrameError, FrameHeader, FrameKind, HEADER_LEN, MAGIC, VERSION};
+pub use flow::{decode_rts, encode_rts};
+pub use frame::{FrameError, FrameHeader, FrameKind, FLOW_META_MAX, HEADER_LEN, MAGIC, VERSION};
 pub use msg::*;

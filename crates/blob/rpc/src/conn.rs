@@ -4,16 +4,24 @@
 //! Invariant: every request registered in `pending` is completed exactly
 //! once: by its reply, by the connection failing (all pending fail with
 //! `ConnectionLost`), or by its caller giving up (the entry is removed).
+//!
+//! A request whose data part is at least the connection's `rts_min` bytes
+//! (`flow::LARGE_TRANSFER_MIN` unless changed) is announced first with a
+//! request-to-send and sent only once the server's clear-to-send for its id
+//! arrives (`flow`); a caller whose grant does not come in time gets
+//! `RpcError::NoGrant`. Entries in `grants` follow the same rule as
+//! `pending`: completed by the clear-to-send, failed with the connection,
+//! or removed when their caller gives up.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use blizzard_env::{BoxStream, Env};
-use blizzard_proto::{DecodeError, ErrorReply, FrameHeader, FrameKind};
+use blizzard_proto::{encode_rts, DecodeError, ErrorReply, FrameHeader, FrameKind};
 
 use crate::frame_io::{read_frame, write_queued, Outgoing, ReadFrameError};
 use crate::local::{LocalEndpoint, LocalLink};
@@ -27,6 +35,12 @@ pub enum RpcError {
     ConnectionLost(String),
     #[error("no reply from {0} in time")]
     Timeout(String),
+    /// A large request's clear-to-send did not come in time: the server
+    /// is busy receiving other large transfers (or unreachable).
+    #[error(
+        "no clear-to-send from {0} in time for a large request: it is busy receiving other large transfers"
+    )]
+    NoGrant(String),
     #[error("peer {addr} sent an undecodable reply: {error}")]
     Decode { addr: String, error: DecodeError },
     #[error("peer {addr} replied: {reply}")]
@@ -50,6 +64,10 @@ struct Shared<P: Protocol> {
     /// Ordered, so failing them all wakes callers in the same order on
     /// every run (the simulator replays runs exactly).
     pending: Mutex<BTreeMap<u64, ReplySlot<P>>>,
+    /// Large requests waiting for their clear-to-send, by request id.
+    grants: Mutex<BTreeMap<u64, oneshot::Sender<()>>>,
+    /// Requests with at least this much data ask first (`u32::MAX`: never).
+    rts_min: AtomicU32,
     closed: AtomicBool,
     next_id: AtomicU64,
     /// The reader task, stopped when the connection is given up on (its
@@ -62,6 +80,8 @@ impl<P: Protocol> Shared<P> {
         Arc::new(Shared {
             addr,
             pending: Mutex::new(BTreeMap::new()),
+            grants: Mutex::new(BTreeMap::new()),
+            rts_min: AtomicU32::new(crate::flow::LARGE_TRANSFER_MIN),
             closed: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             reader: Mutex::new(None),
@@ -75,8 +95,17 @@ impl<P: Protocol> Shared<P> {
         }
     }
 
+    fn grants(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, oneshot::Sender<()>>> {
+        match self.grants.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
     fn fail_all(&self) {
         self.closed.store(true, Ordering::Release);
+        // Callers waiting for a clear-to-send see their sender dropped.
+        drop(std::mem::take(&mut *self.grants()));
         let drained = std::mem::take(&mut *self.lock());
         for (_, slot) in drained {
             let _ = slot.send(Err(RpcError::ConnectionLost(self.addr.clone())));
@@ -123,6 +152,7 @@ struct PendingGuard<'a, P: Protocol> {
 impl<P: Protocol> Drop for PendingGuard<'_, P> {
     fn drop(&mut self) {
         self.shared.lock().remove(&self.id);
+        self.shared.grants().remove(&self.id);
     }
 }
 
@@ -169,6 +199,13 @@ impl<P: Protocol> Conn<P> {
         &self.shared.addr
     }
 
+    /// Requests whose data part has at least `min` bytes ask the server
+    /// before they send (`flow`); `None`: never ask (the comparison runs
+    /// of the simulator's flow experiment). Applies to every clone.
+    pub fn set_rts_min(&self, min: Option<u32>) {
+        self.shared.rts_min.store(min.unwrap_or(u32::MAX), Ordering::Relaxed);
+    }
+
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
             || match &self.link {
@@ -191,6 +228,19 @@ impl<P: Protocol> Conn<P> {
         req: &P::Request,
         data: Bytes,
         more: Vec<Bytes>,
+    ) -> Result<(P::Reply, Bytes), RpcError> {
+        self.call_flow(req, data, more, &AtomicBool::new(false)).await
+    }
+
+    /// [`Conn::call_pieces`]; `granted` is set once a large request's
+    /// clear-to-send came (or it needed none), so a deadline can tell
+    /// which wait it cut short.
+    async fn call_flow(
+        &self,
+        req: &P::Request,
+        data: Bytes,
+        more: Vec<Bytes>,
+        granted: &AtomicBool,
     ) -> Result<(P::Reply, Bytes), RpcError> {
         if self.is_closed() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
@@ -216,14 +266,51 @@ impl<P: Protocol> Conn<P> {
             data_len: data_len as u32,
             meta_crc: blizzard_core::crc::crc32c(&meta),
         };
-        let (slot, wait) = oneshot::channel();
+        let (slot, mut wait) = oneshot::channel();
         self.shared.lock().insert(id, slot);
         let _guard = PendingGuard { shared: &self.shared, id };
+        let ask = data_len >= self.shared.rts_min.load(Ordering::Relaxed) as usize;
+        let clear = ask.then(|| {
+            let (tx, rx) = oneshot::channel();
+            self.shared.grants().insert(id, tx);
+            rx
+        });
         // The reader may have failed everything between the check above and
-        // the insert; checking again closes that window.
+        // the inserts; checking again closes that window.
         if self.is_closed() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
+        if let Some(clear) = clear {
+            let rts_meta = encode_rts(data_len as u32);
+            let rts = Outgoing {
+                header: FrameHeader {
+                    kind: FrameKind::Rts,
+                    meta_len: rts_meta.len() as u32,
+                    data_len: 0,
+                    meta_crc: blizzard_core::crc::crc32c(&rts_meta),
+                    ..header
+                },
+                meta: rts_meta,
+                data: Bytes::new(),
+                more: Vec::new(),
+            };
+            if tx.send(rts).await.is_err() {
+                return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
+            }
+            // The server may refuse the ask (`Busy`) with a reply instead.
+            tokio::select! {
+                biased;
+                c = clear => {
+                    if c.is_err() {
+                        return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
+                    }
+                }
+                res = &mut wait => {
+                    return res.unwrap_or_else(|_| Err(RpcError::ConnectionLost(self.shared.addr.clone())));
+                }
+            }
+        }
+        granted.store(true, Ordering::Relaxed);
         if tx.send(Outgoing { header, meta, data, more }).await.is_err() {
             return Err(RpcError::ConnectionLost(self.shared.addr.clone()));
         }
@@ -241,8 +328,17 @@ impl<P: Protocol> Conn<P> {
         req: &P::Request,
         data: Bytes,
     ) -> Result<(P::Reply, Bytes), RpcError> {
-        match env.timeout(timeout, self.call(req, data)).await {
+        let granted = AtomicBool::new(false);
+        match env.timeout(timeout, self.call_flow(req, data, Vec::new(), &granted)).await {
             Ok(r) => r,
+            // Still waiting for a clear-to-send: said apart from a lost
+            // reply, though the connection is given up on all the same
+            // (a grant that takes a whole request timeout means a stuck
+            // path as likely as a busy server).
+            Err(_) if !granted.load(Ordering::Relaxed) => {
+                self.close();
+                Err(RpcError::NoGrant(self.shared.addr.clone()))
+            }
             // No reply in time: the stream may be stuck for good (a path
             // that lost packets, a peer that vanished without a reset), and
             // every later request on it would wait the same. Callers dial
@@ -285,6 +381,14 @@ async fn reader_task<P: Protocol>(rd: tokio::io::ReadHalf<BoxStream>, shared: Ar
                 break;
             }
         };
+        if frame.header.kind == FrameKind::Cts {
+            // A caller that gave up has removed its entry: nothing to do.
+            let clear = shared.grants().remove(&frame.header.request_id);
+            if let Some(clear) = clear {
+                let _ = clear.send(());
+            }
+            continue;
+        }
         if frame.header.kind != FrameKind::Response {
             tracing::warn!(addr = %shared.addr, "peer sent a request on a client connection; closing");
             break;

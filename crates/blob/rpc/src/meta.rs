@@ -66,7 +66,12 @@ fn judge(res: &Result<(Reply, Bytes), RpcError>) -> Next {
         Ok(_) => Next::Answer,
         Err(RpcError::Remote { reply, .. }) if reply.code == ErrorCode::NotLeader => Next::Elsewhere,
         Err(RpcError::Remote { .. } | RpcError::Decode { .. }) => Next::Answer,
-        Err(RpcError::Connect { .. } | RpcError::ConnectionLost(_) | RpcError::Timeout(_)) => Next::Elsewhere,
+        Err(
+            RpcError::Connect { .. }
+            | RpcError::ConnectionLost(_)
+            | RpcError::Timeout(_)
+            | RpcError::NoGrant(_),
+        ) => Next::Elsewhere,
     }
 }
 

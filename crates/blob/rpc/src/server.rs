@@ -6,19 +6,24 @@
 //! connection is closed (it can no longer be framed); a well-framed request
 //! with a bad meta CRC, an unknown opcode or an undecodable body gets an
 //! error reply and the connection carries on.
+//!
+//! Large requests ask first (`flow`): a request-to-send is queued with the
+//! server's [`Grants`]; a task per ask sends the clear-to-send once granted
+//! and holds the grant until the request's frame has been read whole.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 use blizzard_env::{BoxStream, Env, Listener};
-use blizzard_proto::{ErrorCode, ErrorReply, FrameHeader, FrameKind};
+use blizzard_proto::{decode_rts, ErrorCode, ErrorReply, FrameHeader, FrameKind};
 
+use crate::flow::{Ask, FlowLimits, Grants, Held};
 use crate::frame_io::{read_body, read_header, write_queued, Outgoing, ReadFrameError, READ_BUFFER};
 use crate::local::LocalEndpoint;
 use crate::protocol::{Blob, Protocol};
@@ -48,6 +53,8 @@ pub struct ServerLimits {
     /// Once a header has arrived, the rest of its frame must follow within
     /// this time, so a stalled peer cannot pin a budget forever.
     pub frame_body_timeout: Duration,
+    /// Receiver-driven flow control of large requests (`flow`).
+    pub flow: FlowLimits,
 }
 
 impl Default for ServerLimits {
@@ -56,6 +63,7 @@ impl Default for ServerLimits {
             inflight_bytes_max: 256 << 20,
             inflight_requests_max: 1024,
             frame_body_timeout: Duration::from_secs(30),
+            flow: FlowLimits::default(),
         }
     }
 }
@@ -154,6 +162,8 @@ pub async fn serve<P: Protocol>(
     mut shutdown: Shutdown,
 ) {
     let sessions = Arc::new(Sessions::default());
+    // One schedule for every connection: they share the server's link.
+    let grants = Arc::new(Grants::new(limits.flow.clone()));
     // Callers in this process call the service directly (`local`); the
     // entry goes with the listener when this returns.
     let endpoint =
@@ -175,6 +185,7 @@ pub async fn serve<P: Protocol>(
                     limits.clone(),
                     shutdown.clone(),
                     sessions.clone(),
+                    grants.clone(),
                 ));
             }
             Err(e) => {
@@ -212,8 +223,75 @@ fn error_frame<P: Protocol>(request_id: u64, opcode: u16, code: ErrorCode, messa
     reply_frame::<P>(request_id, opcode, &Err(ErrorReply::new(code, message)), Bytes::new())
 }
 
+fn cts_frame(request_id: u64, opcode: u16) -> Outgoing {
+    Outgoing {
+        header: FrameHeader {
+            kind: FrameKind::Cts,
+            opcode,
+            request_id,
+            meta_len: 0,
+            data_len: 0,
+            meta_crc: crc32c(&[]),
+        },
+        meta: Bytes::new(),
+        data: Bytes::new(),
+        more: Vec::new(),
+    }
+}
+
+/// One request-to-send, from its ask to the end of its grant: waits for
+/// the grant (or for the request to arrive anyway, or the connection to
+/// end: `arrived` resolves either way), sends the clear-to-send, and holds
+/// the grant until the request's frame has been read, the connection
+/// ends, or the grant times out.
+async fn hold_grant(
+    env: Env,
+    grants: Arc<Grants>,
+    ask: Ask,
+    opcode: u16,
+    mut granted: oneshot::Receiver<()>,
+    mut arrived: oneshot::Receiver<()>,
+    tx: mpsc::Sender<Outgoing>,
+) {
+    let got = tokio::select! {
+        biased;
+        _ = &mut arrived => None,
+        g = &mut granted => Some(g.is_ok()),
+    };
+    match got {
+        Some(true) => {}
+        // The schedule went away with the server.
+        Some(false) => return,
+        None => {
+            // Not waiting any more: withdraw the ask, or give back the
+            // grant that raced the arrival.
+            granted.close();
+            if granted.try_recv().is_ok() {
+                grants.release(ask);
+            } else {
+                grants.cancel(ask.conn, ask.id);
+            }
+            return;
+        }
+    }
+    let _held = Held { grants: grants.clone(), ask };
+    if tx.send(cts_frame(ask.id, opcode)).await.is_err() {
+        return;
+    }
+    let timeout = grants.limits().grant_timeout;
+    tokio::select! {
+        biased;
+        _ = &mut arrived => {}
+        _ = env.sleep(timeout) => {
+            tracing::debug!(request = ask.id, "clear-to-send unused in time; grant taken back");
+        }
+    }
+}
+
 /// Serves one connection until the peer leaves, the stream breaks, the
-/// stream becomes unframed, or shutdown.
+/// stream becomes unframed, or shutdown. `grants` is the server's flow
+/// control schedule, shared by its connections.
+#[allow(clippy::too_many_arguments, reason = "the parts of one server a connection shares")]
 pub async fn serve_conn<P: Protocol>(
     env: Env,
     stream: BoxStream,
@@ -222,7 +300,13 @@ pub async fn serve_conn<P: Protocol>(
     limits: ServerLimits,
     mut shutdown: Shutdown,
     sessions: Arc<Sessions>,
+    grants: Arc<Grants>,
 ) {
+    let conn_id = grants.conn_id();
+    // Per request-to-send of this connection, the signal that its request
+    // has been read whole; dropped with the connection, which ends every
+    // grant it held.
+    let mut arrivals: std::collections::BTreeMap<u64, oneshot::Sender<()>> = Default::default();
     let (rd, wr) = tokio::io::split(stream);
     // Set by the connection's `Hello`, if it sends one.
     let mut session: Option<(u64, u64)> = None;
@@ -243,6 +327,75 @@ pub async fn serve_conn<P: Protocol>(
         };
         let header = match header {
             Ok(h) if h.kind == FrameKind::Request => h,
+            Ok(h) if h.kind == FrameKind::Rts => {
+                // Bounded to FLOW_META_MAX by FrameHeader::decode.
+                let frame = match env.timeout(limits.frame_body_timeout, read_body(&mut rd, h)).await {
+                    Ok(Ok(f)) => f,
+                    Ok(Err(ReadFrameError::BadMeta { request_id, opcode, error })) => {
+                        let _ = tx
+                            .send(error_frame::<P>(
+                                request_id,
+                                opcode,
+                                ErrorCode::BadFrame,
+                                error.to_string(),
+                            ))
+                            .await;
+                        continue;
+                    }
+                    _ => break,
+                };
+                let (id, opcode) = (h.request_id, h.opcode);
+                let bytes = match decode_rts(&frame.meta) {
+                    Ok(b) => b as u64,
+                    Err(e) => {
+                        let _ = tx
+                            .send(error_frame::<P>(
+                                id,
+                                opcode,
+                                ErrorCode::BadRequest,
+                                format!("request-to-send: {e}"),
+                            ))
+                            .await;
+                        continue;
+                    }
+                };
+                let ask = Ask { conn: conn_id, id, bytes };
+                if arrivals.len() >= limits.flow.queued_per_conn_max {
+                    // Forget the asks whose grant ended unused (timed
+                    // out): their requests may never come.
+                    arrivals.retain(|_, done| !done.is_closed());
+                }
+                let refused = if arrivals.contains_key(&id) {
+                    Err(crate::flow::Refusal::Duplicate)
+                } else if arrivals.len() >= limits.flow.queued_per_conn_max {
+                    Err(crate::flow::Refusal::ConnQueueFull)
+                } else {
+                    grants.ask(ask)
+                };
+                match refused {
+                    Ok(granted) => {
+                        let (done, arrived) = oneshot::channel();
+                        arrivals.insert(id, done);
+                        tokio::spawn(hold_grant(
+                            env.clone(),
+                            grants.clone(),
+                            ask,
+                            opcode,
+                            granted,
+                            arrived,
+                            tx.clone(),
+                        ));
+                    }
+                    Err(r) => {
+                        // The request itself fails (`Busy`: retry after a
+                        // pause), as a full queue anywhere does.
+                        let _ = tx
+                            .send(error_frame::<P>(id, opcode, ErrorCode::Busy, r.message().to_string()))
+                            .await;
+                    }
+                }
+                continue;
+            }
             Ok(h) => {
                 let _ = tx
                     .send(error_frame::<P>(
@@ -269,7 +422,13 @@ pub async fn serve_conn<P: Protocol>(
         ) else {
             break;
         };
-        let frame = match env.timeout(limits.frame_body_timeout, read_body(&mut rd, header)).await {
+        let body = env.timeout(limits.frame_body_timeout, read_body(&mut rd, header)).await;
+        // Its bytes have crossed the link (or never will): a grant it held
+        // goes back to the window.
+        if let Some(done) = arrivals.remove(&header.request_id) {
+            let _ = done.send(());
+        }
+        let frame = match body {
             Ok(Ok(f)) => f,
             Ok(Err(ReadFrameError::BadMeta { request_id, opcode, error })) => {
                 let _ = tx
