@@ -139,7 +139,41 @@ fn planted_no_writer_fence_is_caught() {
         out.contains("disagree") || out.contains("contract") || out.contains("tracts to reconcile"),
         "{out}"
     );
-    assert!(!out.contains(" late_deliveries=0"), "no late request was ever delivered:\n{out}");
+    // Late requests reached a tractserver: in a caught seed's trace, or in
+    // a passing seed's counts (a passing seed may well have none).
+    let delivered = out.contains("late \"")
+        || out.split_whitespace().any(|w| w.strip_prefix("late_deliveries=").is_some_and(|n| n != "0"));
+    assert!(delivered, "no late request was ever delivered:\n{out}");
+}
+
+/// A newcomer that had copied a row, was cut off while the row was given
+/// to another member and writes went on without it, then got the row back
+/// under a newer version, kept its stale copy and reported the row filled
+/// at once; as the row's first member it was the source a volume's
+/// reconciliation copied over an acknowledged fast-ack write (the
+/// tractserver's `fill` tests hold the rule; this seed met it end to end,
+/// with flow control in the schedule).
+#[test]
+fn a_row_given_back_under_a_new_version_is_copied_again() {
+    let (ok, out) = run(&[
+        "--seed",
+        "150",
+        "--replication",
+        "3",
+        "--tractservers",
+        "8",
+        "--joining",
+        "2",
+        "--duplicates",
+        "2",
+        "--clients",
+        "2",
+        "--volume-clients",
+        "1",
+        "--late",
+        "2",
+    ]);
+    assert!(ok, "{out}");
 }
 
 /// The liveness check is not blind: newcomers that count tracts as copied
