@@ -55,6 +55,14 @@ pub fn parse(url: &str) -> Result<(Option<String>, String, String), LsvdError> {
     Ok((endpoint, bucket.to_string(), prefix.to_string()))
 }
 
+/// Makes ring the process's rustls cryptography (object_store's HTTP
+/// client is built without one: workspace Cargo.toml), unless the program
+/// installed a provider already. Needed for `http://` endpoints too: the
+/// client is set up for TLS when it is built.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Builds the store a URL names, with credentials from the environment.
 pub fn open(url: &str) -> Result<Location, LsvdError> {
     open_with_keys(url, None)
@@ -64,6 +72,7 @@ pub fn open(url: &str) -> Result<Location, LsvdError> {
 /// environment's (tests: the environment is shared by threads).
 pub fn open_with_keys(url: &str, keys: Option<(&str, &str)>) -> Result<Location, LsvdError> {
     let (endpoint, bucket, prefix) = parse(url)?;
+    install_tls_provider();
     let retry = RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),

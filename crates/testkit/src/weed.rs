@@ -111,6 +111,9 @@ impl Weed {
     /// The bucket through `object_store` with the test credentials (what
     /// tests use to look at or damage what a volume stored).
     pub fn bucket(&self) -> Arc<dyn ObjectStore> {
+        // As `blizzard_lsvd::s3::install_tls_provider` (this crate sits
+        // below lsvd): object_store's client needs a rustls provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let s = AmazonS3Builder::new()
             .with_endpoint(self.endpoint())
             .with_allow_http(true)
