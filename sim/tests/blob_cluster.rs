@@ -23,6 +23,12 @@ fn seeds() -> u64 {
     std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
 }
 
+/// Runs blob-sim with `args`, written as on a command line (as its replay
+/// lines print them).
+fn sim(args: &str) -> (bool, String) {
+    run(&args.split_whitespace().collect::<Vec<_>>())
+}
+
 fn run(args: &[&str]) -> (bool, String) {
     let out = Command::new(bin()).args(args).output().expect("run blob-sim");
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
@@ -66,18 +72,7 @@ fn three_way_seeds_keep_every_acknowledged_write() {
 /// fence refused those that came after the next writer's claim).
 #[test]
 fn volume_clients_crash_mid_write_and_recover() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "6",
-        "--first",
-        "316",
-        "--replication",
-        "3",
-        "--tractservers",
-        "8",
-        "--joining",
-        "2",
-    ]);
+    let (ok, out) = sim("--seeds 6 --first 316 --replication 3 --tractservers 8 --joining 2");
     println!("{out}");
     assert!(ok, "{out}");
     assert!(out.contains("violations=0"));
@@ -116,21 +111,9 @@ fn volume_clients_crash_mid_write_and_recover() {
 /// --plant no-writer-fence` names the seeds that catch it now.
 #[test]
 fn planted_no_writer_fence_is_caught() {
-    let args = [
-        "--seeds",
-        "5",
-        "--first",
-        "95",
-        "--replication",
-        "3",
-        "--tractservers",
-        "8",
-        "--joining",
-        "2",
-        "--late",
-        "1",
-    ];
-    let (ok, out) = run(&[&args[..], &["--plant", "no-writer-fence"]].concat());
+    let (ok, out) = sim(
+        "--seeds 5 --first 95 --replication 3 --tractservers 8 --joining 2 --late 1 --plant no-writer-fence",
+    );
     assert!(
         !ok,
         "a crashed writer's late requests applied after its successor's claim went unnoticed:\n{out}"
@@ -155,24 +138,8 @@ fn planted_no_writer_fence_is_caught() {
 /// with flow control in the schedule).
 #[test]
 fn a_row_given_back_under_a_new_version_is_copied_again() {
-    let (ok, out) = run(&[
-        "--seed",
-        "150",
-        "--replication",
-        "3",
-        "--tractservers",
-        "8",
-        "--joining",
-        "2",
-        "--duplicates",
-        "2",
-        "--clients",
-        "2",
-        "--volume-clients",
-        "1",
-        "--late",
-        "2",
-    ]);
+    let (ok, out) = sim("--seed 150 --replication 3 --tractservers 8 --joining 2 \
+        --duplicates 2 --clients 2 --volume-clients 1 --late 2");
     assert!(ok, "{out}");
 }
 
@@ -180,18 +147,7 @@ fn a_row_given_back_under_a_new_version_is_copied_again() {
 /// without copying them leave replicas without acknowledged bytes.
 #[test]
 fn planted_skip_copy_is_caught() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "20",
-        "--first",
-        "3001",
-        "--replication",
-        "3",
-        "--tractservers",
-        "6",
-        "--plant",
-        "skip-copy",
-    ]);
+    let (ok, out) = sim("--seeds 20 --first 3001 --replication 3 --tractservers 6 --plant skip-copy");
     assert!(!ok, "newcomers that skip the copy went unnoticed:\n{out}");
     assert!(
         out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
@@ -207,18 +163,8 @@ fn planted_skip_copy_is_caught() {
 /// writes; each of these seeds catches it.
 #[test]
 fn planted_checkpoint_skips_table_is_caught() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "3",
-        "--first",
-        "1",
-        "--replication",
-        "3",
-        "--tractservers",
-        "6",
-        "--plant",
-        "checkpoint-skips-table",
-    ]);
+    let (ok, out) =
+        sim("--seeds 3 --first 1 --replication 3 --tractservers 6 --plant checkpoint-skips-table");
     assert!(!ok, "checkpoints that skip the chunk table went unnoticed:\n{out}");
     assert!(
         out.contains("acknowledged data lost")
@@ -242,20 +188,8 @@ fn planted_checkpoint_skips_table_is_caught() {
 /// the fence itself, on real sockets, every time.)
 #[test]
 fn planted_no_fence_is_caught() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "6",
-        "--first",
-        "7013",
-        "--replication",
-        "3",
-        "--tractservers",
-        "6",
-        "--duplicates",
-        "1",
-        "--plant",
-        "no-fence",
-    ]);
+    let (ok, out) =
+        sim("--seeds 6 --first 7013 --replication 3 --tractservers 6 --duplicates 1 --plant no-fence");
     assert!(!ok, "late duplicates applied after newer writes went unnoticed:\n{out}");
     assert!(
         out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
@@ -325,22 +259,8 @@ fn three_metadata_replicas_crash_and_nothing_is_lost() {
 /// that catch it now.
 #[test]
 fn planted_forget_row_bump_is_caught() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "3",
-        "--first",
-        "9",
-        "--replication",
-        "3",
-        "--tractservers",
-        "8",
-        "--joining",
-        "2",
-        "--meta-replicas",
-        "3",
-        "--plant",
-        "forget-row-bump",
-    ]);
+    let (ok, out) = sim("--seeds 3 --first 9 --replication 3 --tractservers 8 \
+        --joining 2 --meta-replicas 3 --plant forget-row-bump");
     assert!(
         !ok,
         "a row version that names two memberships went unnoticed:
@@ -361,24 +281,8 @@ fn planted_forget_row_bump_is_caught() {
 /// delivered (9 of seeds 1..=30).
 #[test]
 fn planted_no_writer_fence_is_caught_with_leases() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "3",
-        "--first",
-        "1",
-        "--replication",
-        "3",
-        "--tractservers",
-        "8",
-        "--joining",
-        "2",
-        "--meta-replicas",
-        "3",
-        "--late",
-        "1",
-        "--plant",
-        "no-writer-fence",
-    ]);
+    let (ok, out) = sim("--seeds 3 --first 1 --replication 3 --tractservers 8 --joining 2 \
+        --meta-replicas 3 --late 1 --plant no-writer-fence");
     assert!(
         !ok,
         "a taken-over writer's late requests applied unnoticed:
@@ -425,18 +329,7 @@ fn a_seed_replays_exactly() {
 /// simulation reports violations (and how to replay them).
 #[test]
 fn planted_ack_before_sync_is_caught() {
-    let (ok, out) = run(&[
-        "--seeds",
-        "10",
-        "--first",
-        "2001",
-        "--replication",
-        "1",
-        "--tractservers",
-        "4",
-        "--plant",
-        "ack-before-sync",
-    ]);
+    let (ok, out) = sim("--seeds 10 --first 2001 --replication 1 --tractservers 4 --plant ack-before-sync");
     assert!(!ok, "a planted durability bug went unnoticed:\n{out}");
     assert!(out.contains("acknowledged data lost or corrupted"), "{out}");
     assert!(out.contains("replay: blob-sim --seed"), "{out}");
