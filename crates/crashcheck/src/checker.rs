@@ -62,8 +62,8 @@ pub enum Violation {
     Unrecoverable(String),
     #[error("the trial could not run: {0}")]
     TrialFailed(String),
-    #[error("an acknowledged durable flush closed epoch {epoch}, so every write up to it must survive, but a write of epoch {missing} is missing")]
-    LostFlushed { epoch: u64, missing: u64 },
+    #[error("an acknowledged durable flush closed epoch {epoch}, so every write up to it must survive, but a write of epoch {missing} is missing (sector at {at} holds {found})")]
+    LostFlushed { epoch: u64, missing: u64, at: u64, found: String },
     #[error("sector at {at} reads as {first} from replica {a} but as {second} from replica {b}: it would change with no write between two reads")]
     ReplicasDisagree { at: u64, a: usize, first: String, b: usize, second: String },
 }
@@ -124,6 +124,8 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
     let by_id: HashMap<u64, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
     const INF: u64 = u64::MAX;
     let (mut glo, mut ghi) = (0u64, INF);
+    // The sector that set `ghi`, and what it holds (for the violation).
+    let mut ghi_by: Option<(u64, String)> = None;
     // Zero sectors with several possible origins are checked after the
     // single-origin sectors have narrowed R.
     let mut ambiguous: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
@@ -177,7 +179,10 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
                 return Err(Violation::NotPrefix { at, lo, hi, glo, ghi });
             }
             glo = glo.max(lo);
-            ghi = ghi.min(hi);
+            if hi < ghi {
+                ghi = hi;
+                ghi_by = Some((at, describe(&image[s * SECTOR..(s + 1) * SECTOR], at)));
+            }
         } else {
             ambiguous.push((at, intervals));
         }
@@ -188,7 +193,8 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
         let flushed = ops.iter().filter(|o| o.kind == OpKind::Flush && o.acked).map(|o| o.epoch + 1).max();
         if let Some(f) = flushed {
             if f > ghi {
-                return Err(Violation::LostFlushed { epoch: f - 1, missing: ghi });
+                let (at, found) = ghi_by.unwrap_or((0, String::from("nothing")));
+                return Err(Violation::LostFlushed { epoch: f - 1, missing: ghi, at, found });
             }
             glo = glo.max(f);
         }
