@@ -199,10 +199,15 @@ impl Volume {
         Ok(())
     }
 
-    /// A volume's name: 1..=NAME_LEN_MAX bytes, no '/' or NUL.
+    /// A new volume's name: 1..=NAME_LEN_MAX bytes, no '/', NUL or '@'
+    /// (`NAME@SNAP` names a snapshot, as an NBD export and in `volume
+    /// clone`). Checked at create only: a volume named before this rule
+    /// still opens.
     pub fn validate_name(name: &str) -> Result<(), VolumeError> {
-        if name.is_empty() || name.len() > NAME_LEN_MAX || name.contains(['/', '\0']) {
-            return Err(VolumeError::Invalid(format!("name must be 1..={NAME_LEN_MAX} bytes without '/'")));
+        if name.is_empty() || name.len() > NAME_LEN_MAX || name.contains(['/', '\0', '@']) {
+            return Err(VolumeError::Invalid(format!(
+                "name must be 1..={NAME_LEN_MAX} bytes without '/' or '@' ('@' is kept for snapshots: NAME@SNAP)"
+            )));
         }
         Ok(())
     }
@@ -758,5 +763,21 @@ impl Volume {
             i.close().await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_names_are_checked() {
+        for ok in ["disk", "vm-01.root_fs", &"x".repeat(NAME_LEN_MAX)] {
+            assert!(Volume::validate_name(ok).is_ok(), "{ok:?}");
+        }
+        for bad in ["", "a/b", "a\0b", "db@monday", "@", &"x".repeat(NAME_LEN_MAX + 1)] {
+            let e = Volume::validate_name(bad).expect_err(bad);
+            assert_eq!(e.kind(), crate::ErrorKind::Invalid, "{bad:?}: {e}");
+        }
     }
 }
