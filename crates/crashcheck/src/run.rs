@@ -305,8 +305,8 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
 /// What recovery left: the volume read once (each read from a replica the
 /// seed picks), then once more per replica with reads sent to that replica.
 struct Recovered {
-    image: Vec<u8>,
-    per_replica: Vec<Vec<u8>>,
+    image: Bytes,
+    per_replica: Vec<Bytes>,
 }
 
 impl Recovered {
@@ -329,7 +329,7 @@ fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Recovered, Str
         let vol = Volume::open(env, io, cfg.planted).await.map_err(|e| format!("recovery failed: {e}"))?;
         let read = |what: String| {
             let vol = &vol;
-            async move { vol.read(0, vol.size()).await.map(|b| b.to_vec()).map_err(|e| format!("{what}: {e}")) }
+            async move { vol.read(0, vol.size()).await.map_err(|e| format!("{what}: {e}")) }
         };
         let image = read("reading the recovered volume".into()).await?;
         let mut per_replica = Vec::new();

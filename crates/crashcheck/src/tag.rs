@@ -28,13 +28,22 @@ pub fn fill(buf: &mut [u8], offset: u64, id: u64, epoch: u64) {
         s[16..24].copy_from_slice(&epoch.to_le_bytes());
         // xorshift64, eight bytes a step (a step per byte was a quarter of
         // the crash checker's time).
+        // Whole words through `chunks_exact_mut` (a `chunks_mut` slice of
+        // unknown length cost a `memcpy` call per word).
         let mut x = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ at;
-        for w in s[28..].chunks_mut(8) {
+        let mut step = || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
+            x.to_le_bytes()
+        };
+        let mut words = s[28..].chunks_exact_mut(8);
+        for w in &mut words {
+            w.copy_from_slice(&step());
         }
+        let rest = words.into_remainder();
+        let n = rest.len();
+        rest.copy_from_slice(&step()[..n]);
         let c = crc_of(s);
         s[24..28].copy_from_slice(&c.to_le_bytes());
     }
@@ -52,8 +61,17 @@ pub enum Sector {
     Garbage,
 }
 
+/// All zeros? A word at a time (a byte-wise `all` was a tenth of the
+/// checker's time).
+fn is_zero(s: &[u8]) -> bool {
+    let words = s.chunks_exact(8);
+    let rest = words.remainder();
+    words.fold(0u64, |acc, w| acc | u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])) == 0
+        && rest.iter().all(|&b| b == 0)
+}
+
 pub fn parse(s: &[u8], at: u64) -> Sector {
-    if s.iter().all(|&b| b == 0) {
+    if is_zero(s) {
         return Sector::Zero;
     }
     let u64_at = |i: usize| {

@@ -72,14 +72,23 @@ pub async fn read(io: &Arc<dyn BlobIo>, st: &Striping, offset: u64, len: u64) ->
     }
     let reads = extents.iter().map(|e| io.read(e.tract, e.offset, e.len));
     let results = futures::future::join_all(reads).await;
-    let mut buf = BytesMut::zeroed(len as usize);
+    // The pieces tile `[0, len)` (the striping map's invariant): appended
+    // in buffer order they fill it, with no zeroing first.
+    let mut pieces: Vec<(usize, Bytes)> = Vec::with_capacity(extents.len());
     for (e, r) in extents.iter().zip(results) {
         let got = r?;
         let mut at = 0usize;
         for p in &e.pieces {
-            buf[p.buf_at..p.buf_at + p.len as usize].copy_from_slice(&got[at..at + p.len as usize]);
+            pieces.push((p.buf_at, got.slice(at..at + p.len as usize)));
             at += p.len as usize;
         }
     }
+    pieces.sort_unstable_by_key(|(buf_at, _)| *buf_at);
+    let mut buf = BytesMut::with_capacity(len as usize);
+    for (buf_at, piece) in &pieces {
+        assert_eq!(*buf_at, buf.len(), "striping pieces must tile the read");
+        buf.extend_from_slice(piece);
+    }
+    assert_eq!(buf.len() as u64, len, "striping pieces must cover the read");
     Ok(buf.freeze())
 }
