@@ -35,6 +35,7 @@
 //! - [`runtime`]: the replicated runtime's members under chaos, with
 //!   linearizability, exactly-once and replica-agreement checks
 //!   ([`run_runtime_sim`]).
+//! - [`seeds`]: many seeds in child processes, a pool of `--jobs` at a time.
 //!
 //! Determinism rules for code under simulation: reach time, randomness,
 //! sockets and disks only through `Env`; never use `spawn_blocking` (a
@@ -51,6 +52,7 @@ pub mod linearizable;
 pub mod link;
 pub mod net;
 pub mod runtime;
+pub mod seeds;
 pub mod volume_client;
 
 use std::io;

@@ -21,9 +21,10 @@
 //! the same process spawned. A fresh process per seed makes every run, and
 //! every replay of a failing seed, exactly the same.
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use blizzard_metaserver::server::MetaPlant;
+use blizzard_sim::seeds::{field, run_seeds};
 use blizzard_sim::{run_blob_sim, BlobSimConfig};
 
 struct Args {
@@ -215,62 +216,40 @@ fn main() -> ExitCode {
         "replica_checks=",
         "journal_checkpoints=",
     ];
-    for batch in seeds.chunks(a.jobs) {
-        // Start the whole batch, then collect: `jobs` seeds run at once.
-        let children: Vec<_> = batch
-            .iter()
-            .map(|s| {
-                let mut c = Command::new(&exe);
-                c.arg("--seed")
-                    .arg(s.to_string())
-                    .args(config_flags(&a))
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                (*s, c.spawn())
-            })
-            .collect();
-        for (seed, child) in children {
-            let out = child.and_then(wait_bounded);
-            match out {
-                Ok(o) if o.status.success() => {
-                    let line = String::from_utf8_lossy(&o.stdout);
-                    let field = |k: &str| {
-                        line.split_whitespace()
-                            .find_map(|f| f.strip_prefix(k))
-                            .and_then(|v| v.parse::<u64>().ok())
-                            .unwrap_or(0)
-                    };
-                    acked += field("acknowledged_writes=");
-                    crashes += field("tractserver_crashes=");
-                    restarts += field("meta_restarts=");
-                    outages += field("meta_outages=");
-                    refilled += field("rows_refilled=");
-                    links += field("link_faults=");
-                    grown += field("rows_grown=");
-                    dups += field("duplicates=");
-                    flips += field("bit_flips=");
-                    fulls += field("full_disks=");
-                    refused += field("full_disk_writes=");
-                    for (n, k) in vol.iter_mut().zip(VOL_FIELDS) {
-                        *n += field(k);
-                    }
-                }
-                Ok(o) => {
-                    println!("{}", String::from_utf8_lossy(&o.stdout));
-                    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
-                    failed.push(seed);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                    println!("seed={seed} VIOLATION\n{e}");
-                    failed.push(seed);
-                }
-                Err(e) => {
-                    eprintln!("seed {seed}: cannot run child: {e}");
-                    failed.push(seed);
-                }
+    run_seeds(&exe, &seeds, a.jobs, &config_flags(&a), |seed, out| match out {
+        Ok(o) if o.status.success() => {
+            let line = String::from_utf8_lossy(&o.stdout);
+            let field = |k: &str| field(&line, k);
+            acked += field("acknowledged_writes=");
+            crashes += field("tractserver_crashes=");
+            restarts += field("meta_restarts=");
+            outages += field("meta_outages=");
+            refilled += field("rows_refilled=");
+            links += field("link_faults=");
+            grown += field("rows_grown=");
+            dups += field("duplicates=");
+            flips += field("bit_flips=");
+            fulls += field("full_disks=");
+            refused += field("full_disk_writes=");
+            for (n, k) in vol.iter_mut().zip(VOL_FIELDS) {
+                *n += field(k);
             }
         }
-    }
+        Ok(o) => {
+            println!("{}", String::from_utf8_lossy(&o.stdout));
+            eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+            failed.push(seed);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            println!("seed={seed} VIOLATION\n{e}");
+            failed.push(seed);
+        }
+        Err(e) => {
+            eprintln!("seed {seed}: cannot run child: {e}");
+            failed.push(seed);
+        }
+    });
+    failed.sort_unstable();
     let vol_summary: Vec<String> = VOL_FIELDS.iter().zip(vol).map(|(k, n)| format!("{k}{n}")).collect();
     println!(
         "seeds={} violations={} acknowledged_writes={acked} tractserver_crashes={crashes} meta_restarts={restarts} meta_outages={outages} link_faults={links} rows_refilled={refilled} rows_grown={grown} duplicates={dups} bit_flips={flips} full_disks={fulls} full_disk_writes={refused} {}",
@@ -285,36 +264,5 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
-}
-
-/// Real time a seed may take. A seed takes well under 10 s in the optimized
-/// build; one that runs longer is stuck in a loop that never yields to the
-/// simulator (simulated time stops, so turmoil's own limit never fires):
-/// a liveness bug to report with its seed, not a CI run that never ends.
-const SEED_WALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// Waits for a seed's process, killing it after [`SEED_WALL_LIMIT`]. Its
-/// output is a line or, on a failure, a trace tail: small enough for the
-/// pipes' buffers, so reading after the exit cannot block it.
-#[allow(clippy::disallowed_methods, reason = "the harness's own real time, outside any simulation")]
-fn wait_bounded(mut c: std::process::Child) -> std::io::Result<std::process::Output> {
-    let start = std::time::Instant::now();
-    loop {
-        if c.try_wait()?.is_some() {
-            return c.wait_with_output();
-        }
-        if start.elapsed() > SEED_WALL_LIMIT {
-            let _ = c.kill();
-            let _ = c.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the seed ran {} s of real time without finishing: something loops without yielding (a hang)",
-                    SEED_WALL_LIMIT.as_secs()
-                ),
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }

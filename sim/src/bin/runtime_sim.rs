@@ -11,8 +11,9 @@
 //! request in N delivered twice, late; 40; 0: none), `--plant
 //! ack-before-commit|skip-session-dedup|parallel-conflicts|apply-forgotten`.
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
+use blizzard_sim::seeds::{field, run_seeds};
 use blizzard_sim::{run_runtime_sim, RuntimePlant, RuntimeSimConfig};
 
 struct Args {
@@ -134,43 +135,24 @@ fn main() -> ExitCode {
     let seeds: Vec<u64> = (a.first..a.first + a.seeds).collect();
     let mut failed = Vec::new();
     let mut sums = [0u64; FIELDS.len()];
-    for batch in seeds.chunks(a.jobs) {
-        let children: Vec<_> = batch
-            .iter()
-            .map(|s| {
-                let mut c = Command::new(&exe);
-                c.arg("--seed")
-                    .arg(s.to_string())
-                    .args(config_flags(&a))
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped());
-                (*s, c.spawn())
-            })
-            .collect();
-        for (seed, child) in children {
-            match child.and_then(wait_bounded) {
-                Ok(o) if o.status.success() => {
-                    let line = String::from_utf8_lossy(&o.stdout);
-                    for (sum, k) in sums.iter_mut().zip(FIELDS) {
-                        *sum += line
-                            .split_whitespace()
-                            .find_map(|f| f.strip_prefix(k))
-                            .and_then(|v| v.parse::<u64>().ok())
-                            .unwrap_or(0);
-                    }
-                }
-                Ok(o) => {
-                    println!("{}", String::from_utf8_lossy(&o.stdout));
-                    eprintln!("{}", String::from_utf8_lossy(&o.stderr));
-                    failed.push(seed);
-                }
-                Err(e) => {
-                    println!("seed={seed} VIOLATION\n{e}");
-                    failed.push(seed);
-                }
+    run_seeds(&exe, &seeds, a.jobs, &config_flags(&a), |seed, out| match out {
+        Ok(o) if o.status.success() => {
+            let line = String::from_utf8_lossy(&o.stdout);
+            for (sum, k) in sums.iter_mut().zip(FIELDS) {
+                *sum += field(&line, k);
             }
         }
-    }
+        Ok(o) => {
+            println!("{}", String::from_utf8_lossy(&o.stdout));
+            eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+            failed.push(seed);
+        }
+        Err(e) => {
+            println!("seed={seed} VIOLATION\n{e}");
+            failed.push(seed);
+        }
+    });
+    failed.sort_unstable();
     let summary: Vec<String> = FIELDS.iter().zip(sums).map(|(k, n)| format!("{k}{n}")).collect();
     println!("seeds={} violations={} {}", seeds.len(), failed.len(), summary.join(" "));
     for s in &failed {
@@ -180,31 +162,5 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    }
-}
-
-/// Real time a seed may take before it counts as a hang (a loop that never
-/// yields stops simulated time, so turmoil's own limit cannot fire).
-const SEED_WALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
-
-#[allow(clippy::disallowed_methods, reason = "the harness's own real time, outside any simulation")]
-fn wait_bounded(mut c: std::process::Child) -> std::io::Result<std::process::Output> {
-    let start = std::time::Instant::now();
-    loop {
-        if c.try_wait()?.is_some() {
-            return c.wait_with_output();
-        }
-        if start.elapsed() > SEED_WALL_LIMIT {
-            let _ = c.kill();
-            let _ = c.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "the seed ran {} s of real time without finishing (a hang)",
-                    SEED_WALL_LIMIT.as_secs()
-                ),
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
