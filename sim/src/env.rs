@@ -177,8 +177,10 @@ impl Trace {
     /// Appends one line as given.
     pub fn record(&self, line: impl Into<String>) {
         let line = line.into();
-        // For following a seed that never ends: `SIM_TRACE_LIVE=1`.
-        if std::env::var_os("SIM_TRACE_LIVE").is_some() {
+        // For following a seed that never ends: `SIM_TRACE_LIVE=1` (read
+        // once: a lookup per line took the environment's lock each time).
+        static LIVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *LIVE.get_or_init(|| std::env::var_os("SIM_TRACE_LIVE").is_some()) {
             eprintln!("{line}");
         }
         lock(&self.0).push(line);
