@@ -272,11 +272,9 @@ fn meta_dir(host: &str) -> String {
     format!("/sim/{host}")
 }
 
-/// Runs one seed. `Err` carries what went wrong and how to replay it.
+/// Runs one seed. `Err` carries what went wrong and the trace's last lines
+/// (`blob-sim` adds the command that replays the seed).
 pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, String> {
-    let replay = format!(
-        "replay: SIM_SEED={seed} cargo test -p blizzard-sim --test blob_cluster -- replay --nocapture"
-    );
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(Duration::from_secs(3600))
@@ -540,7 +538,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         match sim.step() {
             Ok(true) => break,
             Ok(false) => {}
-            Err(e) => return Err(format!("seed {seed}: {e}\n{replay}\ntrace tail:\n{}", tail(&trace, 30))),
+            Err(e) => return Err(format!("seed {seed}: {e}\ntrace tail:\n{}", tail(&trace, 30))),
         }
         step += 1;
         let now = sim.elapsed();

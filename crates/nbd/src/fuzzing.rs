@@ -1,6 +1,6 @@
 //! Entry points shared by the cargo-fuzz targets (`crates/nbd/fuzz`) and the
 //! stable tests that replay their corpus and feed random bytes
-//! (`tests/decoders.rs`): each decodes arbitrary bytes and checks the
+//! (`tests/integration/decoders.rs`): each decodes arbitrary bytes and checks the
 //! decoder's invariants, panicking only if one is broken.
 
 use crate::proto::*;

@@ -3,7 +3,7 @@
 //!
 //! Nothing here does I/O, so every decoder can be fed arbitrary bytes by the
 //! fuzz targets (`crates/nbd/fuzz`) and the stable replay and property tests
-//! (`crates/nbd/tests/decoders.rs`). Invariants:
+//! (`crates/nbd/tests/integration/decoders.rs`). Invariants:
 //! - every length read from the peer is checked against the bytes actually
 //!   present (and against a named maximum) before anything is allocated;
 //! - decoding never panics; a malformed message is an error value;

@@ -1,0 +1,16 @@
+//! Real-process tests of the `blizzard` binary: the crate's integration tests
+//! as one binary, each file a module, so the code they share is compiled and
+//! linked once rather than once per file (see ARCHITECTURE, "Where the tests
+//! are").
+
+mod common;
+mod crash_sigkill;
+mod fault_recovery;
+mod kv_failover;
+mod lsvd_s3;
+mod meta_failover;
+mod meta_failover_nbd;
+mod nbd_apps;
+mod partition;
+mod replica_agreement;
+mod up_shutdown;
