@@ -107,6 +107,11 @@ enum Cmd {
         /// Size of that S3 volume's cache (its journal file).
         #[arg(long, default_value = "1GiB", value_parser = size)]
         cache_size: u64,
+        /// Serve Prometheus metrics of the NBD server's open volumes at
+        /// http://ADDR/metrics (an S3 volume's bytes not yet in the object
+        /// store, its cache, its objects and its requests).
+        #[arg(long)]
+        metrics: Option<String>,
         /// Test hook: open volumes with this bug planted (see `crashcheck
         /// --plant`), so a real-process test can show its check fails.
         #[arg(long, hide = true, default_value = "none", value_parser = planted)]
@@ -137,6 +142,11 @@ enum Cmd {
         /// that process is dead: its late writes are refused from then on).
         #[arg(long)]
         take_over: bool,
+        /// Serve Prometheus metrics of the open volumes at
+        /// http://ADDR/metrics (an S3 volume's bytes not yet in the object
+        /// store, its cache, its objects and its requests).
+        #[arg(long)]
+        metrics: Option<String>,
         /// Test hook: open volumes with this bug planted (see `crashcheck
         /// --plant`), so a real-process test can show its check fails.
         #[arg(long, hide = true, default_value = "none", value_parser = planted)]
@@ -489,6 +499,7 @@ async fn run(cli: Cli) -> Result<()> {
             check,
             s3,
             cache_size,
+            metrics,
             plant,
         } => {
             let mut cfg = ClusterConfig::new(&data);
@@ -551,8 +562,11 @@ async fn run(cli: Cli) -> Result<()> {
             let asked_s3 = s3.is_some();
             let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
             let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client.clone(), open_mode);
-            let nbd_cfg =
-                blizzard_nbd::NbdConfig { default_export: Some(volume.clone()), ..Default::default() };
+            let nbd_cfg = blizzard_nbd::NbdConfig {
+                default_export: Some(volume.clone()),
+                metrics_listen: metrics,
+                ..Default::default()
+            };
             let server =
                 blizzard_nbd::Server::start(env.clone(), exports, &listen, nbd_cfg).await.with_context(
                     || format!("starting the NBD server on {listen}; is another server using it?"),
@@ -587,7 +601,7 @@ async fn run(cli: Cli) -> Result<()> {
             cluster.stop().await;
             flushed.context("flushing volumes at shutdown")?;
         }
-        Cmd::Nbd { meta, listen, socket, default_export, read_only, take_over, plant } => {
+        Cmd::Nbd { meta, listen, socket, default_export, read_only, take_over, metrics, plant } => {
             let client = connect(&env, &meta).await?;
             let listen = match socket {
                 Some(p) => format!("unix:{}", p.display()),
@@ -595,8 +609,11 @@ async fn run(cli: Cli) -> Result<()> {
             };
             let mode = blizzard_nbd::OpenMode { read_only, take_over, planted: plant };
             let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client, mode);
-            let cfg =
-                blizzard_nbd::NbdConfig { default_export: default_export.clone(), ..Default::default() };
+            let cfg = blizzard_nbd::NbdConfig {
+                default_export: default_export.clone(),
+                metrics_listen: metrics,
+                ..Default::default()
+            };
             let server = blizzard_nbd::Server::start(env, exports, &listen, cfg)
                 .await
                 .with_context(|| format!("starting the NBD server on {listen}"))?;

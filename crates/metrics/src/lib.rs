@@ -72,6 +72,15 @@ impl Text {
         self
     }
 
+    /// One counter family with a sample per label set.
+    pub fn counters(&mut self, name: &str, help: &str, samples: &[(&[(&str, &str)], f64)]) -> &mut Self {
+        self.family(name, help, "counter");
+        for (labels, v) in samples {
+            self.sample(name, labels, *v);
+        }
+        self
+    }
+
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.out)
     }

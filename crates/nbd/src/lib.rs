@@ -10,6 +10,7 @@
 //! - `exports`: which volumes exist, and the registry that keeps exactly one
 //!   open [`blizzard_volume::Volume`] per export for all connections.
 //! - `server`: the accept loop, [`Server::start`] and [`Server::shutdown`].
+//! - `metrics`: what `GET /metrics` shows of the open exports (pure).
 //!
 //! What is implemented (NBD `doc/proto.md`): fixed newstyle only (oldstyle
 //! and non-fixed newstyle clients are refused), `NBD_FLAG_C_NO_ZEROES`,
@@ -25,6 +26,7 @@ pub mod exports;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handshake;
+mod metrics;
 pub mod proto;
 mod server;
 mod transmission;
@@ -60,6 +62,9 @@ pub struct NbdConfig {
     /// How long [`Server::shutdown`] waits for connections to finish their
     /// in-flight requests before dropping them.
     pub shutdown_grace: Duration,
+    /// Serve Prometheus metrics of the open exports at
+    /// `http://ADDR/metrics` (`host:port`); `None` serves none.
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for NbdConfig {
@@ -72,6 +77,7 @@ impl Default for NbdConfig {
             connection_buffered_bytes_max: 64 << 20,
             connections_max: 256,
             shutdown_grace: Duration::from_secs(30),
+            metrics_listen: None,
         }
     }
 }

@@ -19,7 +19,7 @@ use blizzard_env::{BoxStream, Env, Listener};
 use blizzard_volume::VolumeError;
 
 use crate::exports::{Exports, Registry};
-use crate::{handshake, proto, transmission, NbdConfig, NbdError};
+use crate::{handshake, metrics, proto, transmission, NbdConfig, NbdError};
 
 /// A one-way signal: once triggered, every current and future waiter
 /// returns. (tokio's watch channel is banned for the simulator; Notify
@@ -110,6 +110,29 @@ impl Server {
         });
         info!(addr = %local_addr, "NBD server listening");
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
+        if let Some(m) = &shared.cfg.metrics_listen {
+            let l = match shared.env.bind(m).await {
+                Ok(l) => l,
+                Err(source) => {
+                    shared.shutdown.trigger();
+                    return Err(NbdError::Bind { addr: m.clone(), source });
+                }
+            };
+            info!(addr = %l.local_addr(), "NBD metrics at /metrics");
+            let (for_render, for_stop) = (shared.clone(), shared.clone());
+            let render: blizzard_metrics::Render = Arc::new(move || {
+                let figures: Vec<_> = for_render
+                    .registry
+                    .opened()
+                    .iter()
+                    .map(|(name, v)| metrics::Figures::of(name, v))
+                    .collect();
+                metrics::render(&figures)
+            });
+            tokio::spawn(blizzard_metrics::serve(shared.env.clone(), l, render, async move {
+                for_stop.shutdown.wait().await
+            }));
+        }
         Ok(Server { local_addr, shared, accept: Some(accept) })
     }
 

@@ -458,6 +458,15 @@ impl Volume {
         }
     }
 
+    /// An S3 volume's requests to its object store so far, or `None` for a
+    /// volume in its blob.
+    pub fn lsvd_counts(&self) -> Option<blizzard_lsvd::store::CountsNow> {
+        match &self.engine {
+            Engine::Lsvd(l) => Some(l.volume().counts().now()),
+            _ => None,
+        }
+    }
+
     /// What opening found and did: the writer epoch claimed, and the
     /// replicas reconciled after an unclean close.
     pub fn recovery(&self) -> &Recovery {

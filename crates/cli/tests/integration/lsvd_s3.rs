@@ -101,10 +101,11 @@ fn fio(work: &Path, uri: &str, size: &str, verify_only: bool) -> String {
     line.to_string()
 }
 
-/// `blizzard up` with an S3 default volume, NBD on `dir/nbd.sock`.
-fn up(dir: &Path, url: &str, n: u32) -> Proc {
+/// `blizzard up` with an S3 default volume, NBD on `dir/nbd.sock`, and its
+/// metrics at `metrics` if given.
+fn up(dir: &Path, url: &str, n: u32, metrics: Option<&str>) -> Proc {
     let sock = dir.join("nbd.sock");
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "up",
         "--data",
         &dir.join("data").display().to_string(),
@@ -128,10 +129,24 @@ fn up(dir: &Path, url: &str, n: u32) -> Proc {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if let Some(m) = metrics {
+        args.extend(["--metrics".to_string(), m.to_string()]);
+    }
     let mut p =
         Proc::spawn(&format!("up{n}"), &args, dir.join(format!("up{n}.log")), sock.display().to_string());
     p.wait_log("Ctrl-C (or SIGTERM) stops it cleanly", Duration::from_secs(120));
     p
+}
+
+/// The body of `GET /metrics` at `addr` (plain HTTP/1.1, the server closes).
+fn metrics_text(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
 }
 
 #[test]
@@ -143,7 +158,8 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
     let w = work.path();
     let _logs = DumpLogsOnPanic(w.to_path_buf());
     let url = weed.url("up/disk");
-    let mut srv = up(w, &url, 1);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut srv = up(w, &url, 1, Some(&metrics));
     let log = srv.log_text();
     assert!(log.contains("backend      s3") && log.contains(&url), "up shows the backend:\n{log}");
     let cache = w.join("data").join("lsvd-cache").join("disk");
@@ -152,9 +168,21 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
     clock.say("blizzard up --s3 ready");
     let line = fio(w, &u, "64m", false);
     clock.say(format!("fio wrote and verified 64 MiB: {}", &line[..line.len().min(60)]));
+    // The served volume's figures: what is not yet in S3, and the puts
+    // that carried the rest there.
+    let text = metrics_text(&metrics);
+    let sample = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    };
+    assert!(sample("blizzard_lsvd_not_in_object_store_bytes{export=\"disk\"}") <= (32 << 20) as f64);
+    assert!(sample("blizzard_lsvd_object_store_requests_total{export=\"disk\",kind=\"put\"}") >= 1.0);
+    assert_eq!(sample("blizzard_nbd_export_size_bytes{export=\"disk\"}"), (128 << 20) as f64);
+    clock.say("/metrics shows the volume's bytes not yet in S3 and its puts");
     srv.kill();
     clock.say("SIGKILLed");
-    let mut srv = up(w, &url, 2);
+    let mut srv = up(w, &url, 2, None);
     fio(w, &u, "64m", true);
     clock.say("restarted: fio verified every block (journal replayed)");
     assert!(srv.interrupt());
@@ -164,7 +192,7 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
     let objects = weed.names("up/disk/d").unwrap();
     assert!(objects.len() >= 2, "data objects in the store: {objects:?}");
     std::fs::remove_dir_all(&cache).unwrap();
-    let mut srv = up(w, &url, 3);
+    let mut srv = up(w, &url, 3, None);
     fio(w, &u, "64m", true);
     clock.say(format!("cache deleted: fio verified every block from {} objects", objects.len()));
     assert!(srv.interrupt());

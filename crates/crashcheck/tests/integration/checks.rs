@@ -6,7 +6,7 @@ use blizzard_crashcheck::{exhaustive, trial, CheckConfig};
 use blizzard_volume::{CommitMode, FlushPolicy, PlantedBug};
 
 fn trials() -> u64 {
-    std::env::var("CRASH_TRIALS").ok().and_then(|s| s.parse().ok()).unwrap_or(100)
+    std::env::var("CRASH_TRIALS").ok().and_then(|s| s.parse().ok()).unwrap_or(50)
 }
 
 fn no_violations(cfg: &CheckConfig, first: u64) {

@@ -1,0 +1,151 @@
+//! What `GET /metrics` shows of a server's open exports
+//! ([`crate::NbdConfig::metrics_listen`]): every export's size, and for an
+//! S3 volume (design 0008) what an operator needs while it is served: the
+//! bytes acknowledged but not yet in the object store (what dies with the
+//! cache disk), the cache's use, the objects, and every request sent to the
+//! object store. [`render`] is pure; the server gathers [`Figures`] on each
+//! request.
+
+use blizzard_lsvd::store::CountsNow;
+use blizzard_lsvd::Info;
+use blizzard_metrics::Text;
+use blizzard_volume::Volume;
+
+/// One open export's numbers at one moment.
+#[derive(Clone, Debug)]
+pub(crate) struct Figures {
+    pub(crate) export: String,
+    pub(crate) size: u64,
+    /// An S3 volume's own figures and its object-store request counts.
+    pub(crate) s3: Option<(Info, CountsNow)>,
+}
+
+impl Figures {
+    pub(crate) fn of(export: &str, v: &Volume) -> Figures {
+        Figures { export: export.to_string(), size: v.size(), s3: v.lsvd_info().zip(v.lsvd_counts()) }
+    }
+}
+
+/// One family with a sample per export: a counter if its name ends in
+/// `_total` (the Prometheus convention), else a gauge.
+fn per_export(t: &mut Text, name: &str, help: &str, samples: &[(&str, u64)]) {
+    let labels: Vec<[(&str, &str); 1]> = samples.iter().map(|(e, _)| [("export", *e)]).collect();
+    let s: Vec<(&[(&str, &str)], f64)> =
+        labels.iter().zip(samples).map(|(l, (_, v))| (&l[..], *v as f64)).collect();
+    if name.ends_with("_total") {
+        t.counters(name, help, &s);
+    } else {
+        t.gauges(name, help, &s);
+    }
+}
+
+/// The text exposition of `exports`, one family per figure.
+pub(crate) fn render(exports: &[Figures]) -> String {
+    let mut t = Text::new();
+    t.gauge("blizzard_nbd_exports_open", "Exports this server has open.", exports.len() as f64);
+    let sizes: Vec<(&str, u64)> = exports.iter().map(|f| (f.export.as_str(), f.size)).collect();
+    per_export(&mut t, "blizzard_nbd_export_size_bytes", "Size of each open export.", &sizes);
+    let s3: Vec<(&str, &Info, &CountsNow)> =
+        exports.iter().filter_map(|f| f.s3.as_ref().map(|(i, c)| (f.export.as_str(), i, c))).collect();
+    if s3.is_empty() {
+        return t.finish();
+    }
+    let figure =
+        |get: fn(&Info) -> u64| -> Vec<(&str, u64)> { s3.iter().map(|(e, i, _)| (*e, get(i))).collect() };
+    per_export(
+        &mut t,
+        "blizzard_lsvd_not_in_object_store_bytes",
+        "Bytes acknowledged but not yet in the object store: lost if the cache disk dies (the volume then comes back as the objects' prefix).",
+        &figure(|i| i.dirty_bytes),
+    );
+    per_export(
+        &mut t,
+        "blizzard_lsvd_cache_used_bytes",
+        "Bytes of the cache journal in use.",
+        &figure(|i| i.cache_used),
+    );
+    per_export(&mut t, "blizzard_lsvd_cache_bytes", "Size of the cache journal.", &figure(|i| i.cache_len));
+    per_export(&mut t, "blizzard_lsvd_objects", "Data objects in the volume's log.", &figure(|i| i.objects));
+    per_export(&mut t, "blizzard_lsvd_live_bytes", "Live data bytes in objects.", &figure(|i| i.live_bytes));
+    per_export(
+        &mut t,
+        "blizzard_lsvd_stored_bytes",
+        "Data bytes stored in objects, live or not (cleaning starts below 70% live).",
+        &figure(|i| i.stored_bytes),
+    );
+    let kinds = |c: &CountsNow| [("put", c.puts), ("get", c.gets), ("delete", c.deletes), ("list", c.lists)];
+    let labels: Vec<[(&str, &str); 2]> =
+        s3.iter().flat_map(|(e, _, c)| kinds(c).map(|(k, _)| [("export", *e), ("kind", k)])).collect();
+    let values: Vec<u64> = s3.iter().flat_map(|(_, _, c)| kinds(c).map(|(_, n)| n)).collect();
+    let samples: Vec<(&[(&str, &str)], f64)> =
+        labels.iter().zip(&values).map(|(l, n)| (&l[..], *n as f64)).collect();
+    t.counters(
+        "blizzard_lsvd_object_store_requests_total",
+        "Requests sent to the object store, by kind.",
+        &samples,
+    );
+    let put: Vec<(&str, u64)> = s3.iter().map(|(e, _, c)| (*e, c.bytes_put)).collect();
+    per_export(&mut t, "blizzard_lsvd_object_store_put_bytes_total", "Bytes put to the object store.", &put);
+    t.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(dirty: u64) -> Info {
+        Info {
+            name: "v".into(),
+            uuid: 1,
+            size: 1 << 30,
+            head: 9,
+            epoch: 2,
+            dirty_bytes: dirty,
+            cache_used: 4096,
+            cache_len: 1 << 20,
+            live_bytes: 700,
+            stored_bytes: 1000,
+            objects: 3,
+            map_extents: 5,
+            recovered_checkpoint: 0,
+            rolled: 0,
+            replayed: 0,
+        }
+    }
+
+    #[test]
+    fn a_blob_volume_shows_only_its_size() {
+        let text = render(&[Figures { export: "disk".into(), size: 4096, s3: None }]);
+        assert!(text.contains("blizzard_nbd_exports_open 1\n"), "{text}");
+        assert!(text.contains("blizzard_nbd_export_size_bytes{export=\"disk\"} 4096\n"), "{text}");
+        assert!(!text.contains("lsvd"), "{text}");
+    }
+
+    #[test]
+    fn an_s3_volume_shows_what_the_cache_risks_and_its_requests() {
+        let counts = CountsNow { puts: 7, gets: 2, deletes: 1, lists: 0, bytes_put: 1 << 20, bytes_got: 0 };
+        let text = render(&[
+            Figures { export: "a".into(), size: 1, s3: None },
+            Figures { export: "s".into(), size: 1 << 30, s3: Some((info(12288), counts)) },
+        ]);
+        assert!(text.contains("blizzard_nbd_exports_open 2\n"), "{text}");
+        assert!(text.contains("blizzard_lsvd_not_in_object_store_bytes{export=\"s\"} 12288\n"), "{text}");
+        assert!(
+            text.contains("blizzard_lsvd_object_store_requests_total{export=\"s\",kind=\"put\"} 7\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("blizzard_lsvd_object_store_requests_total{export=\"s\",kind=\"delete\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("blizzard_lsvd_object_store_put_bytes_total{export=\"s\"} 1048576\n"),
+            "{text}"
+        );
+        assert!(!text.contains("lsvd_objects{export=\"a\"}"), "{text}");
+        // Each family is announced once, before its samples.
+        for family in ["blizzard_lsvd_objects", "blizzard_lsvd_object_store_requests_total"] {
+            assert_eq!(text.matches(&format!("# TYPE {family} ")).count(), 1, "{text}");
+        }
+    }
+}
