@@ -1024,26 +1024,35 @@ async fn gc_step(inner: &Inner) -> Result<bool, LsvdError> {
             }
         }
     }
-    pieces.sort_unstable();
-    // One ranged GET per victim, of the span its live pieces cover (a GET
-    // per piece cost hundreds of requests per cleaning under small random
-    // writes, whose live pieces are scattered).
-    let mut spans: std::collections::BTreeMap<u64, (u64, u64)> = std::collections::BTreeMap::new();
-    for &(_, len, v, off) in &pieces {
-        let e = spans.entry(v).or_insert((off, off + len));
-        *e = (e.0.min(off), e.1.max(off + len));
+    // The live pieces' bytes, one victim at a time: one ranged GET of the
+    // span its pieces cover (a GET per piece cost hundreds of requests per
+    // pass under small random writes, whose live pieces are scattered),
+    // keeping only the pieces, so memory stays the live bytes (at most an
+    // object's worth) plus one span.
+    let mut by_victim: std::collections::BTreeMap<u64, Vec<(u64, u64, u64)>> =
+        std::collections::BTreeMap::new();
+    for &(vol, len, v, off) in &pieces {
+        by_victim.entry(v).or_default().push((vol, len, off));
     }
-    let mut got: std::collections::BTreeMap<u64, (u64, Bytes)> = std::collections::BTreeMap::new();
-    for (v, (lo, hi)) in spans {
-        got.insert(v, (lo, inner.log.read(v, lo, hi - lo).await?));
+    let mut copied: Vec<(u64, Bytes)> = Vec::with_capacity(pieces.len());
+    for (v, ps) in by_victim {
+        let lo = ps.iter().map(|p| p.2).min().unwrap_or(0);
+        let hi = ps.iter().map(|p| p.2 + p.1).max().unwrap_or(lo);
+        let span = inner.log.read(v, lo, hi - lo).await?;
+        for (vol, len, off) in ps {
+            let at = (off - lo) as usize;
+            copied.push((vol, Bytes::copy_from_slice(&span[at..at + len as usize])));
+        }
     }
+    // Each volume offset is in one piece only (the map holds one location
+    // per byte).
+    copied.sort_unstable_by_key(|(vol, _)| *vol);
     let mut data = BytesMut::new();
     let mut extents: Vec<ObjExtent> = Vec::new();
-    for &(vol, len, v, off) in &pieces {
-        let (lo, span) = got.get(&v).ok_or_else(|| LsvdError::Corrupt(format!("object {v} was not read")))?;
-        let b = span.slice((off - lo) as usize..(off - lo + len) as usize);
+    for (vol, b) in &copied {
+        let (vol, len) = (*vol, b.len() as u64);
         let at = data.len() as u64;
-        data.extend_from_slice(&b);
+        data.extend_from_slice(b);
         match extents.last_mut() {
             Some(p) if p.vol_offset + p.len == vol && p.obj_offset.is_some_and(|o| o + p.len == at) => {
                 p.len += len
