@@ -12,3 +12,9 @@ pub fn cpu_seconds() -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
 }
+
+/// A size on the command line (`4KiB`, `1GiB`, `512`), for clap's
+/// `value_parser`.
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    blizzard_core::units::parse_size(s).map_err(|e| e.to_string())
+}

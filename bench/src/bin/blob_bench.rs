@@ -18,7 +18,7 @@ use clap::Parser;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use blizzard_bench::cpu_seconds;
+use blizzard_bench::{cpu_seconds, size_arg};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::parse_size;
 use blizzard_env::Env;
@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     replication: u8,
     /// Bytes to write and read.
-    #[arg(long, default_value = "4GiB", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
+    #[arg(long, default_value = "4GiB", value_parser = size_arg)]
     size: u64,
     /// Request size: `tract` or a byte size such as 128KiB.
     #[arg(long, default_value = "tract")]

@@ -32,9 +32,8 @@ use clap::Parser;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
 
-use blizzard_bench::cpu_seconds;
+use blizzard_bench::{cpu_seconds, size_arg};
 use blizzard_cluster::{Cluster, ClusterConfig};
-use blizzard_core::units::parse_size;
 use blizzard_env::Env;
 use blizzard_lsvd::store::CountsNow;
 use blizzard_lsvd::{volume as lsvd, Config, LsvdVolume, Store};
@@ -43,10 +42,6 @@ use blizzard_volume::{manage, CommitMode, FlushPolicy, VolumeSpec};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
 
 #[derive(Parser)]
 struct Args {

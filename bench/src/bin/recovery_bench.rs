@@ -26,12 +26,11 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use clap::Parser;
 
-use blizzard_bench::cpu_seconds;
+use blizzard_bench::{cpu_seconds, size_arg};
 use blizzard_client::{Blob, Client};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::limits::CHUNK_SIZE;
 use blizzard_core::tlt::locator;
-use blizzard_core::units::parse_size;
 use blizzard_core::TsId;
 use blizzard_env::{DiskModel, Env};
 
@@ -79,10 +78,6 @@ impl Lateness {
             self.thread_us.swap(0, Ordering::Relaxed) as f64 / 1e3,
         )
     }
-}
-
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
 }
 
 #[derive(Parser)]

@@ -25,19 +25,14 @@ use clap::{Parser, Subcommand};
 use rand::{Rng, SeedableRng};
 use tokio::sync::Semaphore;
 
-use blizzard_bench::cpu_seconds;
+use blizzard_bench::{cpu_seconds, size_arg};
 use blizzard_client::Client;
 use blizzard_cluster::{Cluster, ClusterConfig};
-use blizzard_core::units::parse_size;
 use blizzard_env::{DiskModel, Env};
 use blizzard_volume::{manage, CommitMode, FlushPolicy, Volume, VolumeSpec};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
 
 #[derive(Parser)]
 struct Args {
