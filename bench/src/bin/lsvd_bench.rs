@@ -157,15 +157,15 @@ fn delta(a: CountsNow, b: CountsNow) -> (u64, u64) {
 /// for two seconds.
 async fn settle(v: &LsvdVolume) {
     let start = Instant::now();
-    let (mut last, mut same) = (v.info().stored_bytes, 0);
-    while start.elapsed() < Duration::from_secs(120) {
+    let (mut last, mut same) = (u64::MAX, 0);
+    while start.elapsed() < Duration::from_secs(120) && same < 4 {
         let i = v.info();
-        if i.live_bytes as f64 >= 0.7 * i.stored_bytes as f64 || same >= 4 {
+        if i.live_bytes as f64 >= 0.7 * i.stored_bytes as f64 {
             return;
         }
+        same = if i.stored_bytes == last { same + 1 } else { 0 };
+        last = i.stored_bytes;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        same = if v.info().stored_bytes == last { same + 1 } else { 0 };
-        last = v.info().stored_bytes;
     }
 }
 

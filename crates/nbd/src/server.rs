@@ -108,16 +108,10 @@ impl Server {
             registry: Registry::new(exports),
             shutdown: Signal::default(),
         });
-        info!(addr = %local_addr, "NBD server listening");
-        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
+        // The metrics endpoint is bound before anything is served, so a
+        // bad address fails the start with nothing left running.
         if let Some(m) = &shared.cfg.metrics_listen {
-            let l = match shared.env.bind(m).await {
-                Ok(l) => l,
-                Err(source) => {
-                    shared.shutdown.trigger();
-                    return Err(NbdError::Bind { addr: m.clone(), source });
-                }
-            };
+            let l = shared.env.bind(m).await.map_err(|source| NbdError::Bind { addr: m.clone(), source })?;
             info!(addr = %l.local_addr(), "NBD metrics at /metrics");
             let (for_render, for_stop) = (shared.clone(), shared.clone());
             let render: blizzard_metrics::Render = Arc::new(move || {
@@ -133,6 +127,8 @@ impl Server {
                 for_stop.shutdown.wait().await
             }));
         }
+        info!(addr = %local_addr, "NBD server listening");
+        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Server { local_addr, shared, accept: Some(accept) })
     }
 
