@@ -25,10 +25,11 @@
 //! [`MemBlob::crash_each`] decides each held op's fate per replica.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use rand::rngs::SmallRng;
@@ -65,9 +66,25 @@ impl Pending {
 
 const CHUNK: u32 = 4096;
 
+/// Zeros to lend a read of a tract never written (no allocation).
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// A zero-filled range of `len` bytes.
+fn zeros(len: usize) -> Bytes {
+    match ZEROS.get(..len) {
+        Some(z) => Bytes::from_static(z),
+        None => Bytes::from(vec![0u8; len]),
+    }
+}
+
 #[derive(Clone)]
 struct State {
-    replicas: Vec<BTreeMap<u64, Vec<u8>>>,
+    /// Per replica, each written tract's bytes up to the end of its last
+    /// write (zeros beyond). Shared, copied on write: a read with no
+    /// cached write over it is a slice (recovery reads the whole volume
+    /// once per replica), and a fork clones pointers. (Zero-filling whole
+    /// tracts at their first write was a fifth of a log-mode trial.)
+    replicas: Vec<BTreeMap<u64, Bytes>>,
     /// Per replica, the (tract, chunk) pairs a crash left corrupt.
     corrupt: Vec<BTreeSet<(u64, u32)>>,
     corrupt_tears: bool,
@@ -195,13 +212,29 @@ impl MemBlob {
         for (c, _) in Self::chunks(p.offset, len) {
             corrupt.remove(&(p.tract, c));
         }
-        let t = st.replicas[r].entry(p.tract).or_insert_with(|| vec![0u8; tract_size as usize]);
-        let at = p.offset as usize;
-        match &p.kind {
-            Kind::Write(b) => t[at..at + b.len()].copy_from_slice(b),
-            Kind::Trim(n) => t[at..at + *n as usize].fill(0),
-        }
+        debug_assert!(p.offset as u64 + len as u64 <= tract_size as u64);
+        let range = p.offset as usize..p.offset as usize + len as usize;
+        Self::modify(st, r, p.tract, range, |t| match &p.kind {
+            Kind::Write(b) => t.copy_from_slice(b),
+            Kind::Trim(_) => t.fill(0),
+        });
         Ok(())
+    }
+
+    /// Changes `range` of the stored bytes of `tract` on replica `r`,
+    /// copying them first only if a reader still holds them.
+    fn modify(st: &mut State, r: usize, tract: u64, range: Range<usize>, change: impl FnOnce(&mut [u8])) {
+        let stored = st.replicas[r].remove(&tract);
+        let mut t = match stored.map(Bytes::try_into_mut) {
+            Some(Ok(unique)) => unique,
+            Some(Err(shared)) => BytesMut::from(&shared[..]),
+            None => BytesMut::new(),
+        };
+        if t.len() < range.end {
+            t.resize(range.end, 0);
+        }
+        change(&mut t[range]);
+        st.replicas[r].insert(tract, t.freeze());
     }
 
     fn mark_corrupt(st: &mut State, r: usize, p: &Pending) {
@@ -228,9 +261,8 @@ impl MemBlob {
     /// an older write's bytes would).
     pub fn poke(&self, replica: usize, tract: u64, offset: u32, data: &[u8]) {
         let mut st = self.lock();
-        let ts = self.tract_size as usize;
-        let t = st.replicas[replica].entry(tract).or_insert_with(|| vec![0u8; ts]);
-        t[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        let at = offset as usize;
+        Self::modify(&mut st, replica, tract, at..at + data.len(), |t| t.copy_from_slice(data));
     }
 
     /// An independent copy of the blob, in-flight ops included (for
@@ -446,17 +478,28 @@ impl MemBlob {
     /// A replica's bytes as a reader sees them: unsynced cached writes
     /// (held by the tractserver's page cache) over the stored ones.
     fn read_replica(st: &State, r: usize, tract: u64, offset: u32, len: u32) -> Bytes {
-        let mut b = match st.replicas[r].get(&tract) {
-            Some(t) => t[offset as usize..offset as usize + len as usize].to_vec(),
-            None => vec![0u8; len as usize],
+        let range = offset as usize..offset as usize + len as usize;
+        let stored = match st.replicas[r].get(&tract) {
+            Some(t) if t.len() >= range.end => t.slice(range),
+            Some(t) if t.len() > range.start => {
+                let mut b = t[range.start..].to_vec();
+                b.resize(len as usize, 0);
+                Bytes::from(b)
+            }
+            _ => zeros(len as usize),
         };
         let (lo, hi) = (offset as u64, offset as u64 + len as u64);
-        for p in st.volatile.values().filter(|p| p.tract == tract) {
+        let overlaps = |p: &&Pending| {
+            let (a, z) = (p.offset as u64, p.offset as u64 + Self::len_of(&p.kind) as u64);
+            p.tract == tract && a.max(lo) < z.min(hi)
+        };
+        if !st.volatile.values().any(|p| overlaps(&p)) {
+            return stored;
+        }
+        let mut b = stored.to_vec();
+        for p in st.volatile.values().filter(overlaps) {
             let (a, z) = (p.offset as u64, p.offset as u64 + Self::len_of(&p.kind) as u64);
             let (s, e) = (a.max(lo), z.min(hi));
-            if s >= e {
-                continue;
-            }
             let dst = &mut b[(s - lo) as usize..(e - lo) as usize];
             match &p.kind {
                 Kind::Write(d) => dst.copy_from_slice(&d[(s - a) as usize..(e - a) as usize]),

@@ -124,7 +124,7 @@ fn up(dir: &Path, url: &str, n: u32, metrics: Option<&str>) -> Proc {
         "--s3",
         url,
         "--cache-size",
-        "32MiB",
+        "16MiB",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -166,8 +166,8 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
     assert!(cache.join("journal").is_file(), "the cache is under the data directory");
     let u = uri(&w.join("nbd.sock"), "disk");
     clock.say("blizzard up --s3 ready");
-    let line = fio(w, &u, "64m", false);
-    clock.say(format!("fio wrote and verified 64 MiB: {}", &line[..line.len().min(60)]));
+    let line = fio(w, &u, "32m", false);
+    clock.say(format!("fio wrote and verified 32 MiB (twice the cache): {}", &line[..line.len().min(60)]));
     // The served volume's figures: what is not yet in S3, and the puts
     // that carried the rest there.
     let text = metrics_text(&metrics);
@@ -176,14 +176,14 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
     };
-    assert!(sample("blizzard_lsvd_not_in_object_store_bytes{export=\"disk\"}") <= (32 << 20) as f64);
+    assert!(sample("blizzard_lsvd_not_in_object_store_bytes{export=\"disk\"}") <= (16 << 20) as f64);
     assert!(sample("blizzard_lsvd_object_store_requests_total{export=\"disk\",kind=\"put\"}") >= 1.0);
     assert_eq!(sample("blizzard_nbd_export_size_bytes{export=\"disk\"}"), (128 << 20) as f64);
     clock.say("/metrics shows the volume's bytes not yet in S3 and its puts");
     srv.kill();
     clock.say("SIGKILLed");
     let mut srv = up(w, &url, 2, None);
-    fio(w, &u, "64m", true);
+    fio(w, &u, "32m", true);
     clock.say("restarted: fio verified every block (journal replayed)");
     assert!(srv.interrupt());
     let status = srv.wait_exit(Duration::from_secs(120));
@@ -193,7 +193,7 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
     assert!(objects.len() >= 2, "data objects in the store: {objects:?}");
     std::fs::remove_dir_all(&cache).unwrap();
     let mut srv = up(w, &url, 3, None);
-    fio(w, &u, "64m", true);
+    fio(w, &u, "32m", true);
     clock.say(format!("cache deleted: fio verified every block from {} objects", objects.len()));
     assert!(srv.interrupt());
     assert!(srv.wait_exit(Duration::from_secs(120)).success());

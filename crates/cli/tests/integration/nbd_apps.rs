@@ -1023,7 +1023,7 @@ fn ext4_sqlite_crash_log() {
     ext4_sqlite_and_crash("log", true);
 }
 
-/// fio's nbd engine (libnbd, no kernel, no root): 256 MiB of 4 KiB random
+/// fio's nbd engine (libnbd, no kernel, no root): 128 MiB of 4 KiB random
 /// writes at queue depth 32, each block with a crc32c header, then every
 /// block read back and verified.
 fn fio_randwrite_verify(mode: &str) {
@@ -1037,7 +1037,7 @@ fn fio_randwrite_verify(mode: &str) {
     let out = sh::cmd("fio")
         .current_dir(w)
         .args(["--name=randwrite-verify", "--ioengine=nbd", &format!("--uri={uri}")])
-        .args(["--rw=randwrite", "--bs=4k", "--iodepth=32", "--size=256m"])
+        .args(["--rw=randwrite", "--bs=4k", "--iodepth=32", "--size=128m"])
         .args(["--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_state_save=0"])
         .args(["--output-format=terse", "--terse-version=3"])
         .output()
@@ -1050,9 +1050,9 @@ fn fio_randwrite_verify(mode: &str) {
         stdout.lines().find(|l| l.starts_with("3;")).unwrap_or_else(|| panic!("no terse line:\n{text}"));
     let f: Vec<&str> = line.split(';').collect();
     assert_eq!(f[4], "0", "fio reported an error:\n{text}");
-    assert_eq!(f[46], "262144", "KiB written:\n{text}");
-    assert_eq!(f[5], "262144", "KiB read back and verified:\n{text}");
-    clock.say(format!("fio: 256 MiB written at {} IOPS, verified at {} IOPS", f[48], f[7]));
+    assert_eq!(f[46], "131072", "KiB written:\n{text}");
+    assert_eq!(f[5], "131072", "KiB read back and verified:\n{text}");
+    clock.say(format!("fio: 128 MiB written at {} IOPS, verified at {} IOPS", f[48], f[7]));
     srv.stop();
     clock.say("done");
 }

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 
 use blizzard_client::{Blob, Client};
 use blizzard_cluster::{Cluster, ClusterConfig};
@@ -73,7 +73,8 @@ impl Model {
                     1 => 5000,
                     _ => TRACT as usize,
                 };
-                let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                let mut data = vec![0u8; len];
+                rng.fill_bytes(&mut data);
                 if len > 0 {
                     b.write(t, 0, Bytes::from(data.clone())).await?;
                 }

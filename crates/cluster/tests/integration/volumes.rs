@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
 
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_env::Env;
@@ -124,7 +124,8 @@ async fn every_mode_reads_back_what_it_wrote() -> R {
                 v.trim(off as u64, len as u64).await?;
                 model[off..off + len].fill(0);
             } else {
-                let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                let mut data = vec![0u8; len];
+                rng.fill_bytes(&mut data);
                 v.write(off as u64, Bytes::from(data.clone()), false).await?;
                 model[off..off + len].copy_from_slice(&data);
             }
