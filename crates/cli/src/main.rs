@@ -104,7 +104,8 @@ enum Cmd {
         /// with its cache under DATA/lsvd-cache/VOLUME.
         #[arg(long)]
         s3: Option<String>,
-        /// Size of that S3 volume's cache (its journal file).
+        /// Size of that S3 volume's journal file (its read cache beside it
+        /// is as large).
         #[arg(long, default_value = "1GiB", value_parser = size)]
         cache_size: u64,
         /// Serve Prometheus metrics of the NBD server's open volumes at
@@ -343,10 +344,12 @@ enum VolumeCmd {
         #[arg(long)]
         s3: Option<String>,
         /// The S3 volume's cache directory on the host that serves it (its
-        /// journal: writes are acknowledged there, FLUSH is its fdatasync).
+        /// journal: writes are acknowledged there, FLUSH is its fdatasync;
+        /// and its read cache of object data).
         #[arg(long)]
         cache: Option<PathBuf>,
-        /// Size of the S3 volume's journal file.
+        /// Size of the S3 volume's journal file (its read cache beside it
+        /// is as large).
         #[arg(long, default_value = "1GiB", value_parser = size)]
         cache_size: u64,
         /// Target size of the S3 volume's objects.
@@ -1079,8 +1082,9 @@ fn print_volume(sb: &blizzard_volume::Superblock) {
     if let Some(s3) = sb.backend.s3() {
         println!("backend      s3: an LSVD volume (design 0008), a log of objects under {}", s3.url);
         println!(
-            "cache        {} ({} journal) on the host that serves it: writes are acknowledged there, a flush is its fdatasync",
+            "cache        {} on the host that serves it: a {} journal (writes are acknowledged there, a flush is its fdatasync) and a {} read cache",
             s3.cache_dir,
+            format_size(s3.cache_bytes),
             format_size(s3.cache_bytes)
         );
         println!("uuid         {:032x}", s3.uuid);

@@ -351,6 +351,9 @@ const PREFIX: &str = "vol";
 fn volume_config(c: &LsvdCheck, rng: &mut SmallRng) -> Config {
     Config {
         cache_bytes: c.cache_bytes,
+        // A small read cache: lines evicted and refilled all the time,
+        // and its file's unsynced writes lost or torn by each crash.
+        read_cache_bytes: c.cache_bytes / 4,
         // Often a small delay: many small objects, destaging racing writes.
         destage_delay: Duration::from_micros(rng.random_range(50..5000)),
         checkpoint_every: rng.random_range(1..6),

@@ -11,6 +11,8 @@
 //!   their CRCs, checkpoints, recovery and the claim of one writer.
 //! - `s3`: the object store a URL names (S3 and compatible servers).
 //! - `journal`: the write cache on a local disk, and its replay.
+//! - `read_cache`: object data read before, kept in a file beside the
+//!   journal (keyed by object and line, checked by the objects' CRCs).
 //! - `volume`: [`LsvdVolume`]: the journal in front, the log behind, the
 //!   destager between them.
 
@@ -19,13 +21,15 @@ pub mod extent_map;
 pub mod format;
 pub mod journal;
 pub mod objlog;
+pub mod read_cache;
 pub mod s3;
 pub mod store;
 pub mod volume;
 
 pub use error::{Kind, LsvdError};
+pub use read_cache::CacheStats;
 pub use store::Store;
-pub use volume::{Config, Info, LsvdVolume};
+pub use volume::{Config, Info, LsvdVolume, READ_CACHE_FILE};
 
 /// Bugs planted on purpose so tests can show the crash checker catches
 /// them. Only tests and `blizzard crashcheck --plant` set one.

@@ -14,15 +14,17 @@
 //! block read.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::error::LsvdError;
 use crate::extent_map::{ExtentMap, Loc};
 use crate::format::{
     Checkpoint, CkptExtent, Descriptor, ObjStat, ObjectHeader, ObjectKind, CRC_BLOCK, OBJECT_PREFIX_LEN,
 };
+use crate::read_cache::{ReadCache, LINE};
 use crate::store::{checkpoint_name, object_name, parse_seq, Created, Store, DESCRIPTOR};
 
 /// Where bytes live in the object log: object `seq`, from `off` in its data.
@@ -140,6 +142,19 @@ struct ObjMeta {
     crcs: Vec<u32>,
 }
 
+/// Checks `b`, object data from `start` (4 KiB-aligned), against the
+/// object's block CRCs; the first failing block's index if any.
+fn check_blocks(m: &ObjMeta, start: u64, b: &[u8]) -> Result<(), usize> {
+    debug_assert!(start.is_multiple_of(CRC_BLOCK));
+    let first = (start / CRC_BLOCK) as usize;
+    for (i, block) in b.chunks(CRC_BLOCK as usize).enumerate() {
+        if m.crcs.get(first + i) != Some(&crc32c::crc32c(block)) {
+            return Err(first + i);
+        }
+    }
+    Ok(())
+}
+
 /// Most CRC-table bytes kept for reads; beyond it the oldest objects'
 /// tables are dropped and fetched again when read.
 const META_CACHE_BYTES_MAX: usize = 64 << 20;
@@ -149,11 +164,21 @@ pub struct ObjectLog {
     store: Store,
     desc: Descriptor,
     meta: Mutex<(BTreeMap<u64, Arc<ObjMeta>>, usize)>,
+    read_cache: Option<ReadCache>,
 }
 
 impl ObjectLog {
     pub fn new(store: Store, desc: Descriptor) -> ObjectLog {
-        ObjectLog { store, desc, meta: Mutex::new((BTreeMap::new(), 0)) }
+        ObjectLog { store, desc, meta: Mutex::new((BTreeMap::new(), 0)), read_cache: None }
+    }
+
+    /// Reads go through `cache` from now on.
+    pub fn set_read_cache(&mut self, cache: ReadCache) {
+        self.read_cache = Some(cache);
+    }
+
+    pub fn read_cache(&self) -> Option<&ReadCache> {
+        self.read_cache.as_ref()
     }
 
     pub fn desc(&self) -> &Descriptor {
@@ -238,8 +263,74 @@ impl ObjectLog {
     }
 
     /// `len` bytes of object `seq`'s data from `off`: the covering 4 KiB
-    /// blocks are fetched and each one's CRC checked.
+    /// blocks are fetched and each one's CRC checked. With a read cache,
+    /// the covering lines instead: those cached are checked the same way,
+    /// the others fetched (one request per run of missing lines) and kept.
     pub async fn read(&self, seq: u64, off: u64, len: u64) -> Result<Bytes, LsvdError> {
+        let m = self.meta(seq).await?;
+        if off.checked_add(len).is_none_or(|e| e > m.data_len) {
+            return Err(LsvdError::Corrupt(format!(
+                "the map points at [{off}, +{len}) of object {seq}, which holds {} bytes",
+                m.data_len
+            )));
+        }
+        let Some(cache) = &self.read_cache else {
+            return self.read_direct(seq, off, len).await;
+        };
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let m: &ObjMeta = &m;
+        let lines = off / LINE..(off + len - 1) / LINE + 1;
+        let line_range = |l: u64| l * LINE..((l + 1) * LINE).min(m.data_len);
+        let lookups = lines.clone().map(|l| async move {
+            let r = line_range(l);
+            match cache.get((seq, l), r.end - r.start).await {
+                Some((_, b)) if check_blocks(m, r.start, &b).is_ok() => Some(b),
+                Some((slot, _)) => {
+                    cache.bad((seq, l), slot);
+                    None
+                }
+                None => None,
+            }
+        });
+        let mut got: Vec<Option<Bytes>> = futures::future::join_all(lookups).await;
+        // Each run of missing lines: one ranged GET, kept line by line.
+        let mut i = 0;
+        while i < got.len() {
+            if got[i].is_some() {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < got.len() && got[j].is_none() {
+                j += 1;
+            }
+            let (a, z) = (lines.start + i as u64, lines.start + j as u64);
+            let run = line_range(a).start..line_range(z - 1).end;
+            let b = self.fetch(seq, m, run.clone()).await?;
+            let mut keeps = Vec::with_capacity(j - i);
+            for (k, l) in (a..z).enumerate() {
+                let r = line_range(l);
+                let part = b.slice((r.start - run.start) as usize..(r.end - run.start) as usize);
+                keeps.push(cache.put((seq, l), part.clone()));
+                got[i + k] = Some(part);
+            }
+            futures::future::join_all(keeps).await;
+            i = j;
+        }
+        let mut out = BytesMut::with_capacity(((lines.end - lines.start) * LINE) as usize);
+        for b in got.into_iter().flatten() {
+            out.extend_from_slice(&b);
+        }
+        let at = (off - lines.start * LINE) as usize;
+        Ok(out.freeze().slice(at..at + len as usize))
+    }
+
+    /// [`ObjectLog::read`] past the read cache: one ranged GET of the
+    /// covering blocks, nothing kept (the cleaner, reading objects it is
+    /// about to delete, in one request each).
+    pub async fn read_direct(&self, seq: u64, off: u64, len: u64) -> Result<Bytes, LsvdError> {
         let m = self.meta(seq).await?;
         if off.checked_add(len).is_none_or(|e| e > m.data_len) {
             return Err(LsvdError::Corrupt(format!(
@@ -249,16 +340,21 @@ impl ObjectLog {
         }
         let first = off / CRC_BLOCK;
         let end = ((off + len).div_ceil(CRC_BLOCK) * CRC_BLOCK).min(m.data_len);
-        let start = first * CRC_BLOCK;
-        let b = self.store.get_range(&object_name(seq), m.header_len + start..m.header_len + end).await?;
-        for (i, block) in b.chunks(CRC_BLOCK as usize).enumerate() {
-            let n = first as usize + i;
-            if m.crcs.get(n) != Some(&crc32c::crc32c(block)) {
-                return Err(LsvdError::Corrupt(format!("object {seq}: block {n} fails its CRC32C")));
-            }
-        }
-        let at = (off - start) as usize;
+        let b = self.fetch(seq, &m, first * CRC_BLOCK..end).await?;
+        let at = (off - first * CRC_BLOCK) as usize;
         Ok(b.slice(at..at + len as usize))
+    }
+
+    /// Object `seq`'s data `range` (4 KiB-aligned, or ending at the end of
+    /// the data), fetched and checked block by block.
+    async fn fetch(&self, seq: u64, m: &ObjMeta, range: Range<u64>) -> Result<Bytes, LsvdError> {
+        let b = self
+            .store
+            .get_range(&object_name(seq), m.header_len + range.start..m.header_len + range.end)
+            .await?;
+        check_blocks(m, range.start, &b)
+            .map_err(|n| LsvdError::Corrupt(format!("object {seq}: block {n} fails its CRC32C")))?;
+        Ok(b)
     }
 
     /// Creates object `h.seq`. A name already taken is this writer's own

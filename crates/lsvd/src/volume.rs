@@ -41,14 +41,21 @@ use crate::extent_map::{ExtentMap, Loc};
 use crate::format::{block_crcs, Descriptor, ObjExtent, ObjectHeader, ObjectKind, RecordKind, SECTOR};
 use crate::journal::{Journal, RecMeta, Ring};
 use crate::objlog::{self, LogState, ObjectLog};
+use crate::read_cache::{CacheStats, ReadCache};
 use crate::store::{Counts, Store};
 use crate::Planted;
+
+/// The read cache's file name, beside the cache (journal) file.
+pub const READ_CACHE_FILE: &str = "read-cache";
 
 /// Tunables of an open volume.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Size of the cache file when it is created.
     pub cache_bytes: u64,
+    /// Size of the read cache ([`READ_CACHE_FILE`] beside the cache
+    /// file); 0: none, every read of object data is a request.
+    pub read_cache_bytes: u64,
     /// Seal an object smaller than the target once records have waited
     /// this long (the object store never lags the cache by much more).
     pub destage_delay: Duration,
@@ -68,6 +75,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             cache_bytes: 1 << 30,
+            read_cache_bytes: 0,
             destage_delay: Duration::from_millis(500),
             checkpoint_every: 64,
             retry_pause: Duration::from_millis(200),
@@ -122,6 +130,8 @@ pub struct Info {
     pub recovered_checkpoint: u64,
     pub rolled: u64,
     pub replayed: u64,
+    /// The read cache's hits, misses and lines (zeros without one).
+    pub read_cache: CacheStats,
 }
 
 struct State {
@@ -405,6 +415,10 @@ impl LsvdVolume {
         cfg: Config,
     ) -> Result<LsvdVolume, LsvdError> {
         let mut rec = objlog::recover(store, name, None).await?;
+        if cfg.read_cache_bytes > 0 {
+            let path = cache.with_file_name(READ_CACHE_FILE);
+            rec.log.set_read_cache(ReadCache::open(&env, &path, cfg.read_cache_bytes).await?);
+        }
         let writer = env.random_u64();
         let epoch = objlog::claim(&rec.log, &mut rec.state, writer).await?;
         let folded = rec.state.journal_seq;
@@ -656,6 +670,7 @@ impl LsvdVolume {
             recovered_checkpoint: self.inner.opened.0,
             rolled: self.inner.opened.1,
             replayed: self.inner.opened.2,
+            read_cache: self.inner.log.read_cache().map(|c| c.stats()).unwrap_or_default(),
         }
     }
 
@@ -1038,7 +1053,8 @@ async fn gc_step(inner: &Inner) -> Result<bool, LsvdError> {
     for (v, ps) in by_victim {
         let lo = ps.iter().map(|p| p.2).min().unwrap_or(0);
         let hi = ps.iter().map(|p| p.2 + p.1).max().unwrap_or(lo);
-        let span = inner.log.read(v, lo, hi - lo).await?;
+        // Past the read cache: the victim is about to go.
+        let span = inner.log.read_direct(v, lo, hi - lo).await?;
         for (vol, len, off) in ps {
             let at = (off - lo) as usize;
             copied.push((vol, Bytes::copy_from_slice(&span[at..at + len as usize])));

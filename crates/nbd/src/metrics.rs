@@ -86,6 +86,24 @@ pub(crate) fn render(exports: &[Figures]) -> String {
     );
     let put: Vec<(&str, u64)> = s3.iter().map(|(e, _, c)| (*e, c.bytes_put)).collect();
     per_export(&mut t, "blizzard_lsvd_object_store_put_bytes_total", "Bytes put to the object store.", &put);
+    per_export(
+        &mut t,
+        "blizzard_lsvd_read_cache_hits_total",
+        "Reads of object data served by the local read cache.",
+        &figure(|i| i.read_cache.hits),
+    );
+    per_export(
+        &mut t,
+        "blizzard_lsvd_read_cache_misses_total",
+        "Reads of object data the read cache did not hold (fetched from the object store).",
+        &figure(|i| i.read_cache.misses),
+    );
+    per_export(
+        &mut t,
+        "blizzard_lsvd_read_cache_lines",
+        "64 KiB lines of object data in the read cache.",
+        &figure(|i| i.read_cache.lines),
+    );
     t.finish()
 }
 
@@ -110,6 +128,13 @@ mod tests {
             recovered_checkpoint: 0,
             rolled: 0,
             replayed: 0,
+            read_cache: blizzard_lsvd::CacheStats {
+                hits: 11,
+                misses: 4,
+                bad: 0,
+                lines: 4,
+                capacity_lines: 16,
+            },
         }
     }
 
@@ -142,6 +167,8 @@ mod tests {
             text.contains("blizzard_lsvd_object_store_put_bytes_total{export=\"s\"} 1048576\n"),
             "{text}"
         );
+        assert!(text.contains("blizzard_lsvd_read_cache_hits_total{export=\"s\"} 11\n"), "{text}");
+        assert!(text.contains("blizzard_lsvd_read_cache_misses_total{export=\"s\"} 4\n"), "{text}");
         assert!(!text.contains("lsvd_objects{export=\"a\"}"), "{text}");
         // Each family is announced once, before its samples.
         for family in ["blizzard_lsvd_objects", "blizzard_lsvd_object_store_requests_total"] {

@@ -83,6 +83,17 @@ pub fn cache_file(dir: &str) -> PathBuf {
     Path::new(dir).join(CACHE_FILE)
 }
 
+/// The read cache file of a volume whose cache directory is `dir`.
+pub fn read_cache_file(dir: &str) -> PathBuf {
+    Path::new(dir).join(lv::READ_CACHE_FILE)
+}
+
+/// How an S3 volume is opened: a journal of `cache_bytes`, and a read
+/// cache of the same size beside it.
+fn open_config(cache_bytes: u64) -> lv::Config {
+    lv::Config { cache_bytes, read_cache_bytes: cache_bytes, ..lv::Config::default() }
+}
+
 /// What an operator can do about a failure the object store reported.
 fn hint(e: &LsvdError) -> &'static str {
     let text = e.to_string();
@@ -207,7 +218,7 @@ pub(crate) async fn create(
     let created = desc.created_secs;
     let sb = record(spec, s3, desc.uuid, io.replication(), created);
     let cache = cache_file(&s3.cache_dir.to_string_lossy());
-    let cfg = lv::Config { cache_bytes: s3.cache_bytes, ..lv::Config::default() };
+    let cfg = open_config(s3.cache_bytes);
     let opened = match LsvdVolume::open(env.clone(), store.clone(), Some(&spec.name), &cache, cfg).await {
         Ok(v) => Ok(v),
         Err(e) => Err(open_err(url, &cache, e)),
@@ -233,8 +244,10 @@ pub(crate) async fn create(
     if let Err(e) = lv::destroy(&store, desc.uuid).await {
         tracing::warn!(url, error = %e, "could not delete the objects of a volume whose create failed");
     }
-    if let Err(e) = env.remove_disk(&cache).await {
-        tracing::warn!(cache = %cache.display(), error = %e, "could not remove the cache of a volume whose create failed");
+    for file in [cache, read_cache_file(&s3.cache_dir.to_string_lossy())] {
+        if let Err(e) = env.remove_disk(&file).await {
+            tracing::warn!(cache = %file.display(), error = %e, "could not remove the cache of a volume whose create failed");
+        }
     }
     r
 }
@@ -276,7 +289,7 @@ pub(crate) async fn open(env: Env, io: Arc<dyn BlobIo>, sb: Superblock) -> Resul
         )));
     }
     let cache = cache_file(&s3.cache_dir);
-    let cfg = lv::Config { cache_bytes: s3.cache_bytes, ..lv::Config::default() };
+    let cfg = open_config(s3.cache_bytes);
     let v = LsvdVolume::open(env.clone(), store, Some(&sb.name), &cache, cfg)
         .await
         .map_err(|e| open_err(&s3.url, &cache, e))?;
@@ -306,10 +319,14 @@ pub(crate) async fn delete(env: &Env, sb: &Superblock) -> Result<u64, VolumeErro
         }
         Err(e) => return Err(at(&s3.url, e)),
     };
-    let cache = cache_file(&s3.cache_dir);
-    env.remove_disk(&cache).await.map_err(|e| {
-        VolumeError::Refused(format!("the objects are deleted, but not the cache {}: {e}", cache.display()))
-    })?;
+    for file in [cache_file(&s3.cache_dir), read_cache_file(&s3.cache_dir)] {
+        env.remove_disk(&file).await.map_err(|e| {
+            VolumeError::Refused(format!(
+                "the objects are deleted, but not the cache file {}: {e}; remove it by hand",
+                file.display()
+            ))
+        })?;
+    }
     Ok(n)
 }
 

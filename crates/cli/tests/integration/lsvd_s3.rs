@@ -179,6 +179,10 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
     assert!(sample("blizzard_lsvd_not_in_object_store_bytes{export=\"disk\"}") <= (16 << 20) as f64);
     assert!(sample("blizzard_lsvd_object_store_requests_total{export=\"disk\",kind=\"put\"}") >= 1.0);
     assert_eq!(sample("blizzard_nbd_export_size_bytes{export=\"disk\"}"), (128 << 20) as f64);
+    // fio's verify pass read back destaged blocks: through the read cache,
+    // whose 64 KiB lines also held their neighbours.
+    assert!(sample("blizzard_lsvd_read_cache_misses_total{export=\"disk\"}") >= 1.0, "{text}");
+    assert!(sample("blizzard_lsvd_read_cache_hits_total{export=\"disk\"}") >= 1.0, "{text}");
     clock.say("/metrics shows the volume's bytes not yet in S3 and its puts");
     srv.kill();
     clock.say("SIGKILLed");
