@@ -254,6 +254,19 @@ impl ObjectLog {
         Ok(h)
     }
 
+    /// What a read of `[off, +len)` of object `seq`'s data needs: its meta,
+    /// once the range is checked to lie inside the data.
+    async fn meta_for(&self, seq: u64, off: u64, len: u64) -> Result<Arc<ObjMeta>, LsvdError> {
+        let m = self.meta(seq).await?;
+        if off.checked_add(len).is_none_or(|e| e > m.data_len) {
+            return Err(LsvdError::Corrupt(format!(
+                "the map points at [{off}, +{len}) of object {seq}, which holds {} bytes",
+                m.data_len
+            )));
+        }
+        Ok(m)
+    }
+
     async fn meta(&self, seq: u64) -> Result<Arc<ObjMeta>, LsvdError> {
         if let Some(m) = self.meta.lock().unwrap_or_else(|p| p.into_inner()).0.get(&seq) {
             return Ok(m.clone());
@@ -267,13 +280,7 @@ impl ObjectLog {
     /// the covering lines instead: those cached are checked the same way,
     /// the others fetched (one request per run of missing lines) and kept.
     pub async fn read(&self, seq: u64, off: u64, len: u64) -> Result<Bytes, LsvdError> {
-        let m = self.meta(seq).await?;
-        if off.checked_add(len).is_none_or(|e| e > m.data_len) {
-            return Err(LsvdError::Corrupt(format!(
-                "the map points at [{off}, +{len}) of object {seq}, which holds {} bytes",
-                m.data_len
-            )));
-        }
+        let m = self.meta_for(seq, off, len).await?;
         let Some(cache) = &self.read_cache else {
             return self.read_direct(seq, off, len).await;
         };
@@ -331,13 +338,7 @@ impl ObjectLog {
     /// covering blocks, nothing kept (the cleaner, reading objects it is
     /// about to delete, in one request each).
     pub async fn read_direct(&self, seq: u64, off: u64, len: u64) -> Result<Bytes, LsvdError> {
-        let m = self.meta(seq).await?;
-        if off.checked_add(len).is_none_or(|e| e > m.data_len) {
-            return Err(LsvdError::Corrupt(format!(
-                "the map points at [{off}, +{len}) of object {seq}, which holds {} bytes",
-                m.data_len
-            )));
-        }
+        let m = self.meta_for(seq, off, len).await?;
         let first = off / CRC_BLOCK;
         let end = ((off + len).div_ceil(CRC_BLOCK) * CRC_BLOCK).min(m.data_len);
         let b = self.fetch(seq, &m, first * CRC_BLOCK..end).await?;
