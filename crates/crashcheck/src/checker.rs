@@ -58,6 +58,8 @@ pub enum Violation {
     NotPrefix { at: u64, lo: u64, hi: u64, glo: u64, ghi: u64 },
     #[error("acknowledged write {id} is missing at sector {at} (it holds {found})")]
     LostAcknowledged { at: u64, id: u64, found: String },
+    #[error("in the snapshot: {0}")]
+    InSnapshot(Box<Violation>),
     #[error("the volume could not be recovered: {0}")]
     Unrecoverable(String),
     #[error("the trial could not run: {0}")]

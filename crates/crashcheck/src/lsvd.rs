@@ -17,6 +17,10 @@
 //!
 //! The contract checked: prefix consistency over flush epochs, and (cache
 //! kept) every write acknowledged before an acknowledged flush survives.
+//! Three trials in four take a snapshot right after an early flush; once
+//! the volume has been recovered, written and cleaned, the snapshot must
+//! read as exactly the writes acknowledged before it, whatever the crash
+//! (the object store keeps it; the cache plays no part).
 //! A quarter of the trials crash again while the volume is being
 //! recovered (its claim, the journal's new header), then recover.
 
@@ -43,9 +47,9 @@ use rand::{Rng, SeedableRng};
 use blizzard_env::{Clock, Disk, Disks, RealClock};
 use blizzard_lsvd::volume::{self, Config};
 pub use blizzard_lsvd::Planted;
-use blizzard_lsvd::{LsvdVolume, Store};
+use blizzard_lsvd::{LsvdError, LsvdSnapshot, LsvdVolume, Store};
 
-use crate::checker::{check, Contract, LoggedOp, Violation};
+use crate::checker::{check, Contract, LoggedOp, OpKind, Violation};
 use crate::run::{drive, plan_ops, runtime, trial_env_with, Planned, Target, Trial};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -331,17 +335,49 @@ impl Default for LsvdCheck {
     }
 }
 
-struct Lsvd(LsvdVolume);
+/// The volume under test; it takes the snapshot [`SNAPSHOT`] right after
+/// flush number `snap_after` (counting from 0) returns. The workload
+/// issues a flush only once every earlier write completed and before any
+/// later one starts, so the snapshot must hold exactly the writes
+/// acknowledged before it (and no later one).
+struct Lsvd {
+    v: LsvdVolume,
+    snap_after: Option<u64>,
+    flushes: std::sync::atomic::AtomicU64,
+    snap: Mutex<SnapState>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SnapState {
+    /// Not asked for (yet).
+    None,
+    /// Asked for; the crash may have come first.
+    Started,
+    /// Taken: it must open and read as it was.
+    Taken,
+}
+
+const SNAPSHOT: &str = "s";
 
 impl Target for Lsvd {
     fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.0.write(offset, data, false).await.map_err(|e| e.to_string()) })
+        Box::pin(async move { self.v.write(offset, data, false).await.map_err(|e| e.to_string()) })
     }
     fn trim(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.0.trim(offset, len).await.map_err(|e| e.to_string()) })
+        Box::pin(async move { self.v.trim(offset, len).await.map_err(|e| e.to_string()) })
     }
     fn flush(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.0.flush().await.map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            self.v.flush().await.map_err(|e| e.to_string())?;
+            let n = self.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.snap_after == Some(n) {
+                *lock(&self.snap) = SnapState::Started;
+                if self.v.snapshot(SNAPSHOT).await.is_ok() {
+                    *lock(&self.snap) = SnapState::Taken;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -373,12 +409,18 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         acked: 0,
         in_flight_at_crash: 0,
         objects_deleted: 0,
+        snapshot_checked: false,
         violation: Some(Violation::TrialFailed(e)),
     };
     let mut rng = SmallRng::seed_from_u64(seed);
     let n = rng.random_range(1..=c.ops_max);
     let planned: Vec<Planned> =
         plan_ops(&mut rng, c.volume_size, n).into_iter().map(|op| Planned { op }).collect();
+    // Three trials in four take a snapshot after one of the flushes
+    // (early ones more often: more overwrites and cleaning follow).
+    let flushes = planned.iter().filter(|p| p.op.kind == OpKind::Flush).count() as u64;
+    let snap_after =
+        (flushes > 0 && rng.random_ratio(3, 4)).then(|| rng.random_range(0..flushes.div_ceil(2)));
     let depth = rng.random_range(1..=8usize);
     let tail = Duration::from_micros(rng.random_range(0..3000));
     let objects: Arc<SlowStore> = Arc::new(SlowStore::new(rng.random()));
@@ -387,19 +429,23 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
     let env = trial_env_with(rng.random(), Arc::new(disks.clone()));
     let store = Store::new(objects.clone(), PREFIX);
     let rt = runtime();
-    let log: Result<Vec<LoggedOp>, String> = rt.block_on(async {
+    let log: Result<(Vec<LoggedOp>, SnapState), String> = rt.block_on(async {
         volume::create(&env, &store, "crash", c.volume_size, c.object_bytes)
             .await
             .map_err(|e| e.to_string())?;
         let v = LsvdVolume::open(env.clone(), store.clone(), Some("crash"), Path::new(CACHE), cfg.clone())
             .await
             .map_err(|e| e.to_string())?;
-        Ok(drive(Arc::new(Lsvd(v)), planned, depth, tail, env.clone()).await)
+        let target =
+            Arc::new(Lsvd { v, snap_after, flushes: Default::default(), snap: Mutex::new(SnapState::None) });
+        let log = drive(target.clone(), planned, depth, tail, env.clone()).await;
+        let snap = *lock(&target.snap);
+        Ok((log, snap))
     });
     // The process dies: every task is dropped where it stands.
     drop(rt);
     let deleted = store.counts().now().deletes;
-    let log = match log {
+    let (log, snap) = match log {
         Ok(l) => l,
         Err(e) => return failed(e),
     };
@@ -424,7 +470,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
     }
     let contract = Contract { acked_writes_durable: false, acked_flushes_durable: !cache_lost };
     let rt = runtime();
-    let image: Result<Vec<u8>, String> = rt.block_on(async {
+    let image: Result<(Vec<u8>, Option<Bytes>), String> = rt.block_on(async {
         let env = trial_env_with(seed ^ 0x5eed, Arc::new(disks.clone()));
         let v = LsvdVolume::open(env, store.clone(), Some("crash"), Path::new(CACHE), cfg.clone())
             .await
@@ -432,11 +478,21 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         let img =
             v.read(0, c.volume_size).await.map(|b| b.to_vec()).map_err(|e| format!("reading back: {e}"))?;
         v.close().await.map_err(|e| format!("closing: {e}"))?;
-        Ok(img)
+        // The snapshot, once its volume was reopened, written and cleaned.
+        let snap_img = match LsvdSnapshot::open(store.clone(), Some("crash"), SNAPSHOT).await {
+            Ok(s) => Some(s.read(0, c.volume_size).await.map_err(|e| format!("reading the snapshot: {e}"))?),
+            Err(LsvdError::NotFound(_)) if snap != SnapState::Taken => None,
+            Err(e) => return Err(format!("opening the snapshot ({snap:?}): {e}")),
+        };
+        Ok((img, snap_img))
     });
     drop(rt);
+    let snapshot_checked = matches!(&image, Ok((_, Some(_))));
     let violation = match image {
-        Ok(img) => check(&log, &img, contract).err(),
+        Ok((img, snap_img)) => check(&log, &img, contract).err().or_else(|| {
+            let snap_img = snap_img?;
+            check_snapshot(&log, snap_after?, &snap_img).err()
+        }),
         Err(e) => Some(Violation::Unrecoverable(e)),
     };
     Trial {
@@ -445,8 +501,21 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         acked: log.iter().filter(|o| o.acked).count(),
         in_flight_at_crash: 0,
         objects_deleted: deleted,
+        snapshot_checked,
         violation,
     }
+}
+
+/// Checks a snapshot taken right after flush number `after`: it holds
+/// every write acknowledged before that flush, and nothing issued after.
+fn check_snapshot(log: &[LoggedOp], after: u64, image: &[u8]) -> Result<(), Violation> {
+    let Some(at) =
+        log.iter().enumerate().filter(|(_, o)| o.kind == OpKind::Flush).nth(after as usize).map(|(i, _)| i)
+    else {
+        return Err(Violation::TrialFailed(format!("a snapshot after flush {after}, which the log lacks")));
+    };
+    let contract = Contract { acked_writes_durable: true, acked_flushes_durable: true };
+    check(&log[..=at], image, contract).map_err(|v| Violation::InSnapshot(Box::new(v)))
 }
 
 /// Runs `crashes` trials from seed `first`; returns the violations, each

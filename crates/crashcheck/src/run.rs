@@ -77,6 +77,8 @@ pub struct Trial {
     pub in_flight_at_crash: usize,
     /// LSVD trials: objects the volume deleted (cleaning ran) before the crash.
     pub objects_deleted: u64,
+    /// LSVD trials: a snapshot was taken and read back after recovery.
+    pub snapshot_checked: bool,
     pub violation: Option<Violation>,
 }
 
@@ -374,6 +376,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
                 acked: 0,
                 in_flight_at_crash: 0,
                 objects_deleted: 0,
+                snapshot_checked: false,
                 violation: Some(Violation::TrialFailed(e)),
             }
         }
@@ -395,6 +398,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         acked: log.iter().filter(|o| o.acked).count(),
         in_flight_at_crash: in_flight,
         objects_deleted: 0,
+        snapshot_checked: false,
         violation,
     }
 }

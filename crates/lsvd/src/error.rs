@@ -34,6 +34,10 @@ pub enum LsvdError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("invalid: {0}")]
     Invalid(String),
+    /// Something else needs it (a snapshot a clone reads), or the name is
+    /// taken (a snapshot of that name exists): the message says which.
+    #[error("{0}")]
+    InUse(String),
     /// Lost the race for the claim object at open.
     #[error("another process opened volume {name:?} for writing (it created object {seq} while this one was opening); stop it first")]
     Held { name: String, seq: u64 },
@@ -67,6 +71,7 @@ impl LsvdError {
             | LsvdError::Exists(_)
             | LsvdError::OtherVolume { .. }
             | LsvdError::Invalid(_)
+            | LsvdError::InUse(_)
             | LsvdError::Denied(_) => Kind::Invalid,
             LsvdError::Held { .. } | LsvdError::Fenced { .. } => Kind::Fenced,
             LsvdError::Corrupt(_) | LsvdError::Format(_) => Kind::Corrupt,

@@ -142,13 +142,38 @@ pub struct Descriptor {
     pub object_bytes: u64,
     /// Seconds since the Unix epoch (for humans).
     pub created_secs: u64,
+    /// A clone's bases, oldest first: objects up to each one's `upto`
+    /// (and above the previous one's) live under its prefix. Empty for a
+    /// volume that is not a clone.
+    pub base: Vec<BaseRef>,
 }
+
+/// One link of a clone's chain: the volume under `prefix` (`uuid`), read
+/// as of its snapshot `snapshot` at object `upto`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseRef {
+    pub prefix: String,
+    pub uuid: u128,
+    pub upto: u64,
+    pub snapshot: String,
+}
+
+/// Longest prefix a clone's chain names.
+pub const PREFIX_LEN_MAX: usize = 1024;
+/// Most links in a clone's chain (a clone of a clone of ...): bounded only
+/// so that a damaged descriptor cannot ask for unbounded memory.
+pub const CHAIN_MAX: usize = 4096;
+/// Most bytes of a descriptor.
+pub const DESCRIPTOR_LEN_MAX: usize = 8 << 20;
+/// A descriptor with a chain (a clone) is version 2; one without keeps
+/// version 1's bytes, so volumes made before clones read as they did.
+const DESCRIPTOR_VERSION_CHAIN: u16 = 2;
 
 impl Descriptor {
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::new();
         b.put_slice(DESCRIPTOR_MAGIC);
-        b.put_u16_le(VERSION);
+        b.put_u16_le(if self.base.is_empty() { VERSION } else { DESCRIPTOR_VERSION_CHAIN });
         b.put_u16_le(self.name.len() as u16);
         b.put_u32_le(0);
         b.put_u128_le(self.uuid);
@@ -156,31 +181,82 @@ impl Descriptor {
         b.put_u64_le(self.object_bytes);
         b.put_u64_le(self.created_secs);
         b.put_slice(self.name.as_bytes());
+        if !self.base.is_empty() {
+            b.put_u32_le(self.base.len() as u32);
+            for l in &self.base {
+                b.put_u128_le(l.uuid);
+                b.put_u64_le(l.upto);
+                b.put_u16_le(l.prefix.len() as u16);
+                b.put_slice(l.prefix.as_bytes());
+                b.put_u16_le(l.snapshot.len() as u16);
+                b.put_slice(l.snapshot.as_bytes());
+            }
+        }
         put_crc(&mut b);
         b.freeze()
     }
 
     pub fn decode(buf: &[u8]) -> Result<Descriptor, FormatError> {
         const W: &str = "volume descriptor";
-        if buf.len() > 4096 {
-            return Err(err(W, format!("{} bytes, at most 4096", buf.len())));
+        if buf.len() > DESCRIPTOR_LEN_MAX {
+            return Err(err(W, format!("{} bytes, at most {DESCRIPTOR_LEN_MAX}", buf.len())));
         }
         check_trailing_crc(W, buf)?;
         let mut r = Reader::new(W, &buf[..buf.len() - 4]);
-        magic_version(&mut r, DESCRIPTOR_MAGIC)?;
+        if r.take(8)? != DESCRIPTOR_MAGIC {
+            return Err(err(W, "bad magic (not this structure)"));
+        }
+        let version = r.u16()?;
+        if version != VERSION && version != DESCRIPTOR_VERSION_CHAIN {
+            return Err(err(W, format!("format version {version}, this build reads 1 and 2")));
+        }
         let name_len = r.u16()? as usize;
         r.u32()?;
         let uuid = r.u128()?;
         let size = r.u64()?;
         let object_bytes = r.u64()?;
         let created_secs = r.u64()?;
-        if r.left() != name_len {
+        if version == VERSION && r.left() != name_len {
             return Err(err(W, format!("name of {name_len} bytes but {} left", r.left())));
         }
         let name = check_name(W, r.take(name_len)?)?;
-        let d = Descriptor { uuid, name, size, object_bytes, created_secs };
+        let mut base = Vec::new();
+        if version == DESCRIPTOR_VERSION_CHAIN {
+            let n = r.u32()? as usize;
+            // Each link takes at least 30 bytes.
+            if n == 0 || n > CHAIN_MAX || n.saturating_mul(30) > r.left() {
+                return Err(err(W, format!("a chain of {n} bases in {} bytes", r.left())));
+            }
+            let mut last = 0;
+            for _ in 0..n {
+                let uuid = r.u128()?;
+                let upto = r.u64()?;
+                let plen = r.u16()? as usize;
+                if plen > PREFIX_LEN_MAX {
+                    return Err(err(W, format!("a base prefix of {plen} bytes (at most {PREFIX_LEN_MAX})")));
+                }
+                let prefix =
+                    String::from_utf8(r.take(plen)?.to_vec()).map_err(|_| err(W, "prefix is not UTF-8"))?;
+                let slen = r.u16()? as usize;
+                let snapshot = check_name(W, r.take(slen)?)?;
+                if upto <= last {
+                    return Err(err(W, format!("base seqs not increasing ({upto} after {last})")));
+                }
+                last = upto;
+                base.push(BaseRef { prefix, uuid, upto, snapshot });
+            }
+            if r.left() != 0 {
+                return Err(err(W, format!("{} bytes after the chain", r.left())));
+            }
+        }
+        let d = Descriptor { uuid, name, size, object_bytes, created_secs, base };
         d.validate().map_err(|why| err(W, why))?;
         Ok(d)
+    }
+
+    /// Objects up to this seq belong to the chain's bases (0: none).
+    pub fn base_upto(&self) -> u64 {
+        self.base.last().map_or(0, |b| b.upto)
     }
 
     /// The parameters' own bounds (also checked before a create).
@@ -201,6 +277,123 @@ impl Descriptor {
             return Err(format!("name must be 1..={NAME_LEN_MAX} bytes"));
         }
         Ok(())
+    }
+}
+
+// ----------------------------------------------------------------- snapshots
+
+const SNAPSHOT_MAGIC: &[u8; 8] = b"BLZLSVSN";
+const CLONE_REF_MAGIC: &[u8; 8] = b"BLZLSVCR";
+
+/// Whether `name` may name a snapshot: it becomes part of object names
+/// (`s/<name>`) and of export names (`VOLUME@name`).
+pub fn check_snapshot_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "snapshot name {name:?}: use 1 to 128 letters, digits, '.', '_' or '-', not starting with '.'"
+        ))
+    }
+}
+
+/// `P/s/<name>`: the volume as of object `seq` (a checkpoint at `seq`,
+/// `P/c/<seq>`, holds its map; it is kept while the snapshot exists).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub uuid: u128,
+    pub name: String,
+    pub seq: u64,
+    pub created_secs: u64,
+}
+
+impl SnapshotRecord {
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_slice(SNAPSHOT_MAGIC);
+        b.put_u16_le(VERSION);
+        b.put_u16_le(self.name.len() as u16);
+        b.put_u32_le(0);
+        b.put_u128_le(self.uuid);
+        b.put_u64_le(self.seq);
+        b.put_u64_le(self.created_secs);
+        b.put_slice(self.name.as_bytes());
+        put_crc(&mut b);
+        b.freeze()
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<SnapshotRecord, FormatError> {
+        const W: &str = "snapshot";
+        if buf.len() > 4096 {
+            return Err(err(W, format!("{} bytes, at most 4096", buf.len())));
+        }
+        check_trailing_crc(W, buf)?;
+        let mut r = Reader::new(W, &buf[..buf.len() - 4]);
+        magic_version(&mut r, SNAPSHOT_MAGIC)?;
+        let name_len = r.u16()? as usize;
+        r.u32()?;
+        let uuid = r.u128()?;
+        let seq = r.u64()?;
+        let created_secs = r.u64()?;
+        if r.left() != name_len {
+            return Err(err(W, format!("name of {name_len} bytes but {} left", r.left())));
+        }
+        let name = check_name(W, r.take(name_len)?)?;
+        check_snapshot_name(&name).map_err(|why| err(W, why))?;
+        Ok(SnapshotRecord { uuid, name, seq, created_secs })
+    }
+}
+
+/// `P/k/<snapshot>/<clone uuid>`: a clone reads this volume's snapshot, so
+/// the snapshot (and the volume) cannot be deleted while it exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloneRef {
+    pub uuid: u128,
+    pub prefix: String,
+    pub name: String,
+}
+
+impl CloneRef {
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_slice(CLONE_REF_MAGIC);
+        b.put_u16_le(VERSION);
+        b.put_u16_le(self.name.len() as u16);
+        b.put_u16_le(self.prefix.len() as u16);
+        b.put_u16_le(0);
+        b.put_u128_le(self.uuid);
+        b.put_slice(self.name.as_bytes());
+        b.put_slice(self.prefix.as_bytes());
+        put_crc(&mut b);
+        b.freeze()
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<CloneRef, FormatError> {
+        const W: &str = "clone reference";
+        if buf.len() > 4096 {
+            return Err(err(W, format!("{} bytes, at most 4096", buf.len())));
+        }
+        check_trailing_crc(W, buf)?;
+        let mut r = Reader::new(W, &buf[..buf.len() - 4]);
+        magic_version(&mut r, CLONE_REF_MAGIC)?;
+        let name_len = r.u16()? as usize;
+        let prefix_len = r.u16()? as usize;
+        r.u16()?;
+        let uuid = r.u128()?;
+        if r.left() != name_len + prefix_len || prefix_len > PREFIX_LEN_MAX {
+            return Err(err(
+                W,
+                format!("name {name_len} and prefix {prefix_len} bytes but {} left", r.left()),
+            ));
+        }
+        let name = check_name(W, r.take(name_len)?)?;
+        let prefix =
+            String::from_utf8(r.take(prefix_len)?.to_vec()).map_err(|_| err(W, "prefix is not UTF-8"))?;
+        Ok(CloneRef { uuid, prefix, name })
     }
 }
 
@@ -730,6 +923,10 @@ mod tests {
         }
     }
 
+    /// The CRC of the version-1 descriptor above (pinned: volumes created
+    /// before clones existed must decode unchanged).
+    const DESCRIPTOR_V1_CRC: u32 = 0x3e4c_b7b1;
+
     // The descriptor and journal structures round-trip and refuse damage.
     #[test]
     fn descriptor_and_journal_structures() {
@@ -739,14 +936,57 @@ mod tests {
             size: 1 << 30,
             object_bytes: 8 << 20,
             created_secs: 1,
+            base: Vec::new(),
         };
         let b = d.encode();
-        assert_eq!(Descriptor::decode(&b), Ok(d));
+        assert_eq!(Descriptor::decode(&b), Ok(d.clone()));
+        let stored = u32::from_le_bytes(b[b.len() - 4..].try_into().expect("4 bytes"));
+        assert_eq!(stored, DESCRIPTOR_V1_CRC, "a volume without a chain must keep version 1's bytes");
         for i in 0..b.len() * 8 {
             let mut x = b.to_vec();
             x[i / 8] ^= 1 << (i % 8);
             assert!(Descriptor::decode(&x).is_err());
         }
+        // A clone's chain (version 2): round trip, truncation and damage.
+        let c = Descriptor {
+            base: vec![
+                BaseRef { prefix: "vols/a".into(), uuid: 9, upto: 10, snapshot: "s1".into() },
+                BaseRef { prefix: "vols/b".into(), uuid: 10, upto: 25, snapshot: "s-2".into() },
+            ],
+            ..d
+        };
+        let b = c.encode();
+        assert_eq!(Descriptor::decode(&b), Ok(c.clone()));
+        assert_eq!(c.base_upto(), 25);
+        for n in 0..b.len() {
+            assert!(Descriptor::decode(&b[..n]).is_err());
+        }
+        for i in 0..b.len() * 8 {
+            let mut x = b.to_vec();
+            x[i / 8] ^= 1 << (i % 8);
+            assert!(Descriptor::decode(&x).is_err(), "bit {i}");
+        }
+        // Snapshots and clone references likewise.
+        let s = SnapshotRecord { uuid: 77, name: "before-upgrade".into(), seq: 42, created_secs: 3 };
+        let b = s.encode();
+        assert_eq!(SnapshotRecord::decode(&b), Ok(s));
+        for i in 0..b.len() * 8 {
+            let mut x = b.to_vec();
+            x[i / 8] ^= 1 << (i % 8);
+            assert!(SnapshotRecord::decode(&x).is_err());
+        }
+        let k = CloneRef { uuid: 78, prefix: "vols/c".into(), name: "c".into() };
+        let b = k.encode();
+        assert_eq!(CloneRef::decode(&b), Ok(k));
+        for i in 0..b.len() * 8 {
+            let mut x = b.to_vec();
+            x[i / 8] ^= 1 << (i % 8);
+            assert!(CloneRef::decode(&x).is_err());
+        }
+        for bad in ["", ".x", "a/b", "a@b", "a b", &"x".repeat(129)] {
+            assert!(check_snapshot_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_snapshot_name("nightly-2026.11.28_a").is_ok());
         let h = JournalHeader {
             generation: 4,
             uuid: 77,

@@ -14,7 +14,10 @@
 //! - `read_cache`: object data read before, kept in a file beside the
 //!   journal (keyed by object and line, checked by the objects' CRCs).
 //! - `volume`: [`LsvdVolume`]: the journal in front, the log behind, the
-//!   destager between them.
+//!   destager between them; `volume::clean`: cleaning and checkpoints.
+//! - `snapshot`: snapshots (a name for a point of the log, opened
+//!   read-only as [`LsvdSnapshot`]) and clones (volumes whose log starts
+//!   from another's snapshot).
 
 pub mod error;
 pub mod extent_map;
@@ -23,11 +26,13 @@ pub mod journal;
 pub mod objlog;
 pub mod read_cache;
 pub mod s3;
+pub mod snapshot;
 pub mod store;
 pub mod volume;
 
 pub use error::{Kind, LsvdError};
 pub use read_cache::CacheStats;
+pub use snapshot::{LsvdSnapshot, SnapshotInfo};
 pub use store::Store;
 pub use volume::{Config, Info, LsvdVolume, READ_CACHE_FILE};
 
@@ -44,6 +49,9 @@ pub enum Planted {
     /// The journal's tail moves past a batch's records (their space free
     /// for reuse) before the object holding them is durable (invariant 2).
     ReclaimBeforePut,
+    /// Cleaning ignores snapshots: it cleans and deletes objects a
+    /// snapshot's map reads (invariant 5).
+    GcIgnoresSnapshots,
 }
 
 impl Planted {
@@ -52,6 +60,7 @@ impl Planted {
             "none" => Some(Planted::None),
             "destage-before-sync" => Some(Planted::DestageBeforeSync),
             "reclaim-before-put" => Some(Planted::ReclaimBeforePut),
+            "gc-ignores-snapshots" => Some(Planted::GcIgnoresSnapshots),
             _ => None,
         }
     }

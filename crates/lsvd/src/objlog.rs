@@ -127,9 +127,10 @@ impl LogState {
         Ok(())
     }
 
-    /// Live and total data bytes over every object.
-    pub fn utilization(&self) -> (u64, u64) {
-        self.objects.values().fold((0, 0), |(l, t), o| (l + o.live, t + o.data_len))
+    /// Live and total data bytes over the objects above `floor` (a
+    /// clone's own objects: those up to its bases' seq are theirs).
+    pub fn utilization(&self, floor: u64) -> (u64, u64) {
+        self.objects.range(floor + 1..).fold((0, 0), |(l, t), (_, o)| (l + o.live, t + o.data_len))
     }
 }
 
@@ -163,13 +164,28 @@ const META_CACHE_BYTES_MAX: usize = 64 << 20;
 pub struct ObjectLog {
     store: Store,
     desc: Descriptor,
+    /// A clone's bases, oldest first: (last seq, the base's prefix, its
+    /// uuid). An object at or below a base's seq (and above the previous
+    /// one's) is that base's, read from its prefix; seqs never repeat
+    /// along a chain (a clone's log continues from its base's snapshot).
+    bases: Vec<(u64, Store, u128)>,
     meta: Mutex<(BTreeMap<u64, Arc<ObjMeta>>, usize)>,
     read_cache: Option<ReadCache>,
 }
 
 impl ObjectLog {
     pub fn new(store: Store, desc: Descriptor) -> ObjectLog {
-        ObjectLog { store, desc, meta: Mutex::new((BTreeMap::new(), 0)), read_cache: None }
+        let bases = desc.base.iter().map(|b| (b.upto, store.at(&b.prefix), b.uuid)).collect();
+        ObjectLog { store, desc, bases, meta: Mutex::new((BTreeMap::new(), 0)), read_cache: None }
+    }
+
+    /// Where object `seq` lives: the store under its volume's prefix, and
+    /// that volume's uuid (a clone's base, or this volume).
+    fn layer(&self, seq: u64) -> (&Store, u128) {
+        match self.bases.iter().find(|(upto, _, _)| seq <= *upto) {
+            Some((_, store, uuid)) => (store, *uuid),
+            None => (&self.store, self.desc.uuid),
+        }
     }
 
     /// Reads go through `cache` from now on.
@@ -214,13 +230,14 @@ impl ObjectLog {
     /// length if known, to fetch the header in one request).
     pub async fn read_header(&self, seq: u64, size: Option<u64>) -> Result<ObjectHeader, LsvdError> {
         let name = object_name(seq);
+        let (store, uuid) = self.layer(seq);
         // A guess that holds most headers (an 8 MiB object of 16 KiB
         // writes: 512 extents and 2048 CRCs, about 20 KiB).
         let first = size.unwrap_or(64 << 10).clamp(OBJECT_PREFIX_LEN as u64, 64 << 10);
-        let mut head = match self.store.get_range(&name, 0..first).await {
+        let mut head = match store.get_range(&name, 0..first).await {
             Ok(b) => b,
             // An object shorter than the guess (a claim): take it whole.
-            Err(LsvdError::Corrupt(_)) if size.is_none() => match self.store.get(&name).await? {
+            Err(LsvdError::Corrupt(_)) if size.is_none() => match store.get(&name).await? {
                 Some(b) => b,
                 None => return Err(LsvdError::NotFound(name)),
             },
@@ -229,14 +246,14 @@ impl ObjectLog {
         let len = ObjectHeader::announced_len(&head)
             .map_err(|e| LsvdError::Corrupt(format!("object {seq}: {e}")))? as u64;
         if (head.len() as u64) < len {
-            let rest = self.store.get_range(&name, head.len() as u64..len).await?;
+            let rest = store.get_range(&name, head.len() as u64..len).await?;
             let mut all = head.to_vec();
             all.extend_from_slice(&rest);
             head = Bytes::from(all);
         }
         let h = ObjectHeader::decode(&head[..len as usize], self.desc.size)
             .map_err(|e| LsvdError::Corrupt(format!("object {seq}: {e}")))?;
-        if h.seq != seq || h.uuid != self.desc.uuid {
+        if h.seq != seq || h.uuid != uuid {
             return Err(LsvdError::Corrupt(format!(
                 "object {seq} says it is object {} of volume {:032x}",
                 h.seq, h.uuid
@@ -350,7 +367,8 @@ impl ObjectLog {
     /// the data), fetched and checked block by block.
     async fn fetch(&self, seq: u64, m: &ObjMeta, range: Range<u64>) -> Result<Bytes, LsvdError> {
         let b = self
-            .store
+            .layer(seq)
+            .0
             .get_range(&object_name(seq), m.header_len + range.start..m.header_len + range.end)
             .await?;
         check_blocks(m, range.start, &b)
@@ -601,7 +619,7 @@ mod tests {
         .expect("second");
         assert_eq!(s.objects[&1].live, 8192 - 2048);
         assert_eq!(s.objects[&2].live, 1024);
-        assert_eq!(s.utilization(), (8192 - 2048 + 1024, 8192 + 1024));
+        assert_eq!(s.utilization(0), (8192 - 2048 + 1024, 8192 + 1024));
         let c = s.to_checkpoint(1, 1 << 20);
         let back = LogState::from_checkpoint(&c);
         assert_eq!(back.map.iter().collect::<Vec<_>>(), s.map.iter().collect::<Vec<_>>());

@@ -211,6 +211,24 @@ impl Store {
         Ok(out)
     }
 
+    /// The names under `dir/`, relative to the prefix (all their
+    /// segments, so they can be read and deleted), unsorted.
+    pub async fn list_paths(&self, dir: &str) -> Result<Vec<String>, LsvdError> {
+        self.counts.lists.fetch_add(1, Ordering::Relaxed);
+        let base = self.path(dir);
+        let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        let mut s = self.inner.list(Some(&base));
+        let mut out = Vec::new();
+        while let Some(m) = s.next().await {
+            let m = m.map_err(|e| map_err(&format!("listing {base}"), e))?;
+            let full = m.location.to_string();
+            if let Some(rel) = full.strip_prefix(&strip) {
+                out.push(rel.to_string());
+            }
+        }
+        Ok(out)
+    }
+
     /// The newest object under `dir/` by modification time: its name (last
     /// segment) and seconds since the Unix epoch, as the store reports it.
     pub async fn newest(&self, dir: &str) -> Result<Option<(String, i64)>, LsvdError> {
@@ -248,6 +266,16 @@ pub fn object_name(seq: u64) -> String {
 /// The name of the checkpoint at `seq`.
 pub fn checkpoint_name(seq: u64) -> String {
     format!("c/{seq:016x}")
+}
+
+/// The name of snapshot `name`'s record.
+pub fn snapshot_name(name: &str) -> String {
+    format!("s/{name}")
+}
+
+/// The name of the reference a clone (`uuid`) keeps on its base's snapshot.
+pub fn clone_ref_name(snapshot: &str, uuid: u128) -> String {
+    format!("k/{snapshot}/{uuid:032x}")
 }
 
 /// The descriptor's name.

@@ -67,12 +67,31 @@ impl ClientExports {
 }
 
 impl Exports for ClientExports {
+    /// Every volume, and every snapshot of an S3 volume as `NAME@SNAP`.
     fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
-        async move { Ok(manage::list(&self.client).await?.into_iter().map(|sb| sb.name).collect()) }.boxed()
+        async move {
+            let mut out = Vec::new();
+            for sb in manage::list(&self.client).await? {
+                if sb.backend.s3().is_some() {
+                    // A store that cannot be reached now still lists the volume.
+                    if let Ok((snaps, _)) = blizzard_volume::lsvd::snapshots(&sb).await {
+                        out.extend(snaps.into_iter().map(|s| format!("{}@{}", sb.name, s.name)));
+                    }
+                }
+                out.push(sb.name);
+            }
+            Ok(out)
+        }
+        .boxed()
     }
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
         async move {
+            // `NAME@SNAP`: a snapshot of an S3 volume, always read-only
+            // (volume names cannot hold '@').
+            if let Some((volume, snapshot)) = name.split_once('@') {
+                return manage::open_snapshot(&self.client, volume, snapshot).await;
+            }
             if self.mode.read_only {
                 return manage::open_read_only(&self.client, name).await;
             }

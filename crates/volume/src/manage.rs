@@ -238,3 +238,137 @@ pub async fn delete(env: Env, client: &Client, name: &str) -> Result<(), VolumeE
     let _ = lease.release().await;
     r
 }
+
+/// How a snapshot command reached the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The process serving it, through its control socket.
+    Server,
+    /// Opened here (nobody served it), then closed.
+    Opened,
+}
+
+/// The S3 volume `name`'s record, or a clear refusal for any other.
+async fn s3_record(client: &Client, name: &str) -> Result<Superblock, VolumeError> {
+    let sb = info(client, name).await?;
+    if sb.backend.s3().is_none() {
+        return Err(VolumeError::Unsupported(format!(
+            "volume {name:?} is in the blob store: snapshots and clones are for S3 volumes (--backend s3)"
+        )));
+    }
+    Ok(sb)
+}
+
+/// Runs `req` on S3 volume `name`: through the process that serves it on
+/// this host (its control socket in the cache directory), or, when no
+/// process serves it, by opening it here under its lease. A volume served
+/// on another host is refused, naming the holder.
+async fn through_writer<T>(
+    env: &Env,
+    client: &Client,
+    name: &str,
+    req: crate::lsvd::control::Request,
+    parse: impl Fn(&str) -> Result<T, VolumeError>,
+    here: impl for<'a> FnOnce(&'a Volume) -> futures::future::BoxFuture<'a, Result<T, VolumeError>>,
+) -> Result<(T, Via), VolumeError> {
+    use crate::lsvd::control::{ask, Reply};
+    let sb = s3_record(client, name).await?;
+    let dir = sb.backend.s3().map(|s| s.cache_dir.clone()).unwrap_or_default();
+    match ask(env, &dir, &req).await? {
+        Some(Reply::Ok(detail)) => return Ok((parse(&detail)?, Via::Server)),
+        Some(Reply::Error(m)) => return Err(VolumeError::Refused(m)),
+        None => {}
+    }
+    let v = match open(env.clone(), client, name).await {
+        Ok(v) => v,
+        Err(VolumeError::Held { holder, .. }) => {
+            return Err(VolumeError::Refused(format!(
+                "volume {name:?} is served by {holder}, which has no control socket at {}: run this command on the host that serves it, or stop that server first",
+                crate::lsvd::control::socket_path(&dir).display()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let r = here(&v).await;
+    v.close().await?;
+    Ok((r?, Via::Opened))
+}
+
+/// Takes snapshot `snapshot` of S3 volume `name` (design 0008), whether
+/// or not a process serves it. Returns the object seq it names.
+pub async fn snapshot(
+    env: Env,
+    client: &Client,
+    name: &str,
+    snapshot: &str,
+) -> Result<(u64, Via), VolumeError> {
+    use crate::lsvd::control::Request;
+    let owned = snapshot.to_string();
+    through_writer(
+        &env,
+        client,
+        name,
+        Request::Snapshot(owned.clone()),
+        |d| d.parse().map_err(|_| VolumeError::Refused(format!("the serving process answered {d:?}"))),
+        move |v| Box::pin(async move { v.snapshot(&owned).await }),
+    )
+    .await
+}
+
+/// Deletes snapshot `snapshot` of S3 volume `name` (refused while a clone
+/// reads it), whether or not a process serves the volume.
+pub async fn delete_snapshot(
+    env: Env,
+    client: &Client,
+    name: &str,
+    snapshot: &str,
+) -> Result<Via, VolumeError> {
+    use crate::lsvd::control::Request;
+    let owned = snapshot.to_string();
+    let ((), via) = through_writer(
+        &env,
+        client,
+        name,
+        Request::DeleteSnapshot(owned.clone()),
+        |_| Ok(()),
+        move |v| Box::pin(async move { v.delete_snapshot(&owned).await }),
+    )
+    .await?;
+    Ok(via)
+}
+
+/// Opens snapshot `snapshot` of S3 volume `name` read-only (the export
+/// `NAME@SNAP`): no lease, nothing written.
+pub async fn open_snapshot(client: &Client, name: &str, snapshot: &str) -> Result<Volume, VolumeError> {
+    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    let sb = Volume::inspect(&io).await?;
+    if sb.backend.s3().is_none() {
+        return Err(VolumeError::NotFound(format!(
+            "{name}@{snapshot} (volume {name:?} is not an S3 volume)"
+        )));
+    }
+    crate::lsvd::open_snapshot(io, sb, snapshot).await
+}
+
+/// Creates S3 volume `new` as a clone of snapshot `snapshot` of S3 volume
+/// `base`: writable, starting as the snapshot, sharing its objects. `s3`
+/// says where the clone lives (the same bucket as its base) and its cache;
+/// its size and object size are the base's. Held by this process.
+pub async fn clone_s3(
+    env: Env,
+    client: &Client,
+    base: &str,
+    snapshot: &str,
+    new: &str,
+    s3: &S3Spec,
+    replication: u8,
+) -> Result<Volume, VolumeError> {
+    let sb = s3_record(client, base).await?;
+    let url = sb.backend.s3().map(|s| s.url.clone()).unwrap_or_default();
+    let mut spec = VolumeSpec::new(new, sb.size_bytes);
+    spec.replication = replication;
+    let mut s3 = s3.clone();
+    s3.clone_of = Some(crate::lsvd::CloneOf { name: base.to_string(), url, snapshot: snapshot.to_string() });
+    create_s3(env, client, &spec, &s3).await
+}

@@ -127,6 +127,8 @@ enum Engine {
     Log(Arc<LogEngine>),
     /// An S3 volume (`lsvd`): the blob holds only the record.
     Lsvd(Arc<LsvdEngine>),
+    /// A snapshot of an S3 volume, read-only (`NAME@SNAP`).
+    Snapshot(Arc<blizzard_lsvd::LsvdSnapshot>),
 }
 
 pub struct Volume {
@@ -437,15 +439,53 @@ impl Volume {
         engine: Arc<LsvdEngine>,
         epoch: u64,
     ) -> Volume {
+        let recovery = Recovery { writer: epoch, ..Recovery::default() };
+        Self::s3_handle(io, sb, Engine::Lsvd(engine), recovery, false)
+    }
+
+    /// A snapshot of an S3 volume's handle: read-only, no lease.
+    pub(crate) fn with_lsvd_snapshot(
+        io: Arc<dyn BlobIo>,
+        sb: Superblock,
+        snapshot: Arc<blizzard_lsvd::LsvdSnapshot>,
+    ) -> Volume {
+        Self::s3_handle(io, sb, Engine::Snapshot(snapshot), Recovery::default(), true)
+    }
+
+    /// An S3 volume's (or snapshot's) handle: the blob holds only its record.
+    fn s3_handle(
+        io: Arc<dyn BlobIo>,
+        sb: Superblock,
+        engine: Engine,
+        recovery: Recovery,
+        read_only: bool,
+    ) -> Volume {
         let striping = striping_for(&sb, io.tract_size());
-        Volume {
-            io,
-            sb,
-            striping,
-            engine: Engine::Lsvd(engine),
-            intent: None,
-            recovery: Recovery { writer: epoch, ..Recovery::default() },
-            read_only: false,
+        Volume { io, sb, striping, engine, intent: None, recovery, read_only }
+    }
+
+    /// Takes snapshot `name` of this S3 volume (design 0008): every write
+    /// acknowledged before the call is in it. Returns the object seq it
+    /// names.
+    pub async fn snapshot(&self, name: &str) -> Result<u64, VolumeError> {
+        match &self.engine {
+            Engine::Lsvd(l) if !self.read_only => l.snapshot(name).await,
+            _ => Err(VolumeError::Unsupported(format!(
+                "volume {:?}: only S3 volumes opened for writing take snapshots",
+                self.sb.name
+            ))),
+        }
+    }
+
+    /// Deletes snapshot `name` of this S3 volume (refused while a clone
+    /// reads it).
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), VolumeError> {
+        match &self.engine {
+            Engine::Lsvd(l) if !self.read_only => l.delete_snapshot(name).await,
+            _ => Err(VolumeError::Unsupported(format!(
+                "volume {:?}: only S3 volumes opened for writing have snapshots to delete",
+                self.sb.name
+            ))),
         }
     }
 
@@ -463,6 +503,7 @@ impl Volume {
     pub fn lsvd_counts(&self) -> Option<blizzard_lsvd::store::CountsNow> {
         match &self.engine {
             Engine::Lsvd(l) => Some(l.volume().counts().now()),
+            Engine::Snapshot(s) => Some(s.counts().now()),
             _ => None,
         }
     }
@@ -528,7 +569,7 @@ impl Volume {
                     Self::write_superblock(&self.io, &sb).await?;
                 }
             }
-            Engine::Lsvd(_) => {
+            Engine::Lsvd(_) | Engine::Snapshot(_) => {
                 return Err(VolumeError::Unsupported("S3 volumes cannot be resized yet".into()));
             }
             Engine::WriteThrough | Engine::FastAck(_) => {
@@ -577,6 +618,7 @@ impl Volume {
             Engine::FastAck(f) => f.read(offset, len).await,
             Engine::Log(l) => l.read(offset, len).await,
             Engine::Lsvd(l) => l.read(offset, len).await,
+            Engine::Snapshot(s) => Ok(s.read(offset, len).await?),
         }
     }
 
@@ -618,6 +660,7 @@ impl Volume {
                 Data::Bytes(b) => l.write(offset, b, fua).await,
                 Data::Zero(len) => l.zero(offset, len, fua).await,
             },
+            Engine::Snapshot(_) => unreachable!("a snapshot is opened read-only"),
         }
     }
 
@@ -656,6 +699,7 @@ impl Volume {
             Engine::Log(l) => l.flush(durable).await,
             // Every flush is durable: one fdatasync of the journal.
             Engine::Lsvd(l) => l.flush().await,
+            Engine::Snapshot(_) => Ok(()),
         }
     }
 
@@ -680,6 +724,16 @@ impl Volume {
         // finished in between).
         if let Engine::Lsvd(l) = &self.engine {
             return l.allocation(offset, len);
+        }
+        if let Engine::Snapshot(s) = &self.engine {
+            return Ok(s
+                .allocation(offset, len)?
+                .into_iter()
+                .map(|(len, data)| AllocExtent {
+                    len,
+                    state: if data { Allocation::Data } else { Allocation::Zero },
+                })
+                .collect());
         }
         let fast_ack_cached = match &self.engine {
             Engine::FastAck(f) => f.cached(offset, len),
@@ -719,7 +773,7 @@ impl Volume {
                 }
                 cached
             }
-            Engine::Lsvd(_) => unreachable!("answered above"),
+            Engine::Lsvd(_) | Engine::Snapshot(_) => unreachable!("answered above"),
         };
         for (at, d) in &cached {
             runs.paint(*at, *at + d.len(), matches!(d, Data::Bytes(_)));
@@ -735,7 +789,7 @@ impl Volume {
             Engine::Log(l) => l.outstanding(),
             // Acknowledged writes are in the journal (durable at the next
             // flush); `lsvd_info` says what is not in the object store.
-            Engine::Lsvd(_) => (0, 0),
+            Engine::Lsvd(_) | Engine::Snapshot(_) => (0, 0),
         }
     }
 

@@ -39,38 +39,38 @@ use blizzard_testkit::weed::Weed;
 use common::{free_port, meta_args, tool, DumpLogsOnPanic, Proc};
 
 /// Every child of these tests reaches SeaweedFS with its credentials.
-fn s3_credentials() {
+pub(crate) fn s3_credentials() {
     for (k, v) in Weed::credentials() {
         std::env::set_var(k, v);
     }
 }
 
 /// `blizzard ARGS` with extra environment: (success, stdout + stderr).
-fn blizzard_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+pub(crate) fn blizzard_env(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let out = Command::new(common::blizzard_bin()).args(args).envs(env.iter().copied()).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
 }
 
-fn blizzard(args: &[&str]) -> (bool, String) {
+pub(crate) fn blizzard(args: &[&str]) -> (bool, String) {
     blizzard_env(args, &[])
 }
 
-fn ok(args: &[&str]) -> String {
+pub(crate) fn ok(args: &[&str]) -> String {
     let (ok, text) = blizzard(args);
     assert!(ok, "blizzard {} failed:\n{text}", args.join(" "));
     text
 }
 
-struct Clock(Instant, &'static str);
+pub(crate) struct Clock(pub(crate) Instant, pub(crate) &'static str);
 
 impl Clock {
-    fn say(&self, msg: impl std::fmt::Display) {
+    pub(crate) fn say(&self, msg: impl std::fmt::Display) {
         eprintln!("[{} {:>6.1}s] {msg}", self.1, self.0.elapsed().as_secs_f64());
     }
 }
 
-fn uri(socket: &Path, export: &str) -> String {
+pub(crate) fn uri(socket: &Path, export: &str) -> String {
     format!("nbd+unix:///{export}?socket={}", socket.display())
 }
 
@@ -204,11 +204,11 @@ fn lsvd_up_s3_fio_sigkill_and_lost_cache() {
 }
 
 /// 64 KiB of block `i` of series `tag`: 8-byte "T0000042" repeated.
-fn block(tag: char, i: usize) -> Vec<u8> {
+pub(crate) fn block(tag: char, i: usize) -> Vec<u8> {
     format!("{tag}{i:07}").into_bytes().repeat(BLOCK / 8)
 }
 
-const BLOCK: usize = 64 << 10;
+pub(crate) const BLOCK: usize = 64 << 10;
 const SIZE: usize = 32 << 20;
 /// Series A: blocks 0..A_BLOCKS, destaged before the crash.
 const A_BLOCKS: usize = 64;
@@ -218,7 +218,7 @@ const B_FIRST: usize = 128;
 const B_BLOCKS: usize = 200;
 
 /// Runs a Python script in nbdsh against `uri` (`h` is the handle).
-fn nbdsh(uri: &str, script: &str) {
+pub(crate) fn nbdsh(uri: &str, script: &str) {
     let nbdsh = tool("nbdsh", "python3-libnbd");
     // nbdsh runs the `python3` first on PATH; the distribution's, which
     // python3-libnbd installs the module for, goes first (not a pyenv's).
@@ -233,7 +233,7 @@ fn nbdsh(uri: &str, script: &str) {
 }
 
 /// The volume's bytes, through nbdcopy.
-fn image(uri: &str, out: &Path) -> Vec<u8> {
+pub(crate) fn image(uri: &str, out: &Path) -> Vec<u8> {
     let nbdcopy = tool("nbdcopy", "libnbd-bin");
     let st = Command::new(nbdcopy).args([uri, &out.display().to_string()]).status().unwrap();
     assert!(st.success(), "nbdcopy out of {uri}");
@@ -241,11 +241,22 @@ fn image(uri: &str, out: &Path) -> Vec<u8> {
 }
 
 /// The one line of a failed command's error.
-fn one_line_error(text: &str, what: &str) -> String {
+pub(crate) fn one_line_error(text: &str, what: &str) -> String {
     let errs: Vec<&str> = text.lines().filter(|l| l.starts_with("error: ")).collect();
     assert_eq!(errs.len(), 1, "{what}: one `error:` line expected:\n{text}");
     eprintln!("{what}: {}", errs[0]);
     errs[0].to_string()
+}
+
+/// A metadata server and one tractserver (which hold S3 volumes' records)
+/// under `w`: the metadata address, and the processes (killed on drop).
+pub(crate) fn meta_and_tractserver(w: &Path) -> (String, Vec<Proc>) {
+    let meta = format!("127.0.0.1:{}", free_port());
+    let m = Proc::spawn("meta", &meta_args(&meta, 1, 1, None), w.join("meta.log"), meta.clone());
+    let mut ts = common::spawn_tractservers(w, &meta, 1, "64MiB");
+    ts[0].wait_log("listening on", Duration::from_secs(60));
+    ts.insert(0, m);
+    (meta, ts)
 }
 
 #[test]
@@ -256,10 +267,7 @@ fn lsvd_volume_commands_and_lost_cache_prefix() {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
     let _logs = DumpLogsOnPanic(w.to_path_buf());
-    let meta = format!("127.0.0.1:{}", free_port());
-    let _meta = Proc::spawn("meta", &meta_args(&meta, 1, 1, None), w.join("meta.log"), meta.clone());
-    let mut ts = common::spawn_tractservers(w, &meta, 1, "64MiB");
-    ts[0].wait_log("listening on", Duration::from_secs(60));
+    let (meta, _procs) = meta_and_tractserver(w);
     let cache = |name: &str| w.join(format!("cache-{name}"));
     let create = |name: &str, url: &str, env: &[(&str, &str)]| {
         let c = cache(name).display().to_string();

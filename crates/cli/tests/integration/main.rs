@@ -8,6 +8,7 @@ mod crash_sigkill;
 mod fault_recovery;
 mod kv_failover;
 mod lsvd_s3;
+mod lsvd_snapshots;
 mod meta_failover;
 mod meta_failover_nbd;
 mod nbd_apps;

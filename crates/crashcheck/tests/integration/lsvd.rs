@@ -14,17 +14,22 @@ fn trials() -> u64 {
 // did acknowledge writes and flushes (so the test could have failed).
 #[test]
 fn lsvd_survives_random_crashes() {
-    let (mut acked, mut ops, mut cleaning) = (0, 0, 0);
+    let (mut acked, mut ops, mut cleaning, mut snapshots) = (0, 0, 0, 0);
     for seed in 1..=trials() {
         let t = lsvd_trial(seed, &LsvdCheck::default());
         assert!(t.violation.is_none(), "seed {seed}: {:?} ({t:?})", t.violation);
         acked += t.acked;
         ops += t.ops;
         cleaning += (t.objects_deleted > 0) as u64;
+        snapshots += t.snapshot_checked as u64;
     }
     assert!(acked > ops / 4, "too few acknowledged operations ({acked} of {ops}): the test proves little");
     assert!(cleaning > trials() / 10, "cleaning deleted objects in only {cleaning} trials");
-    eprintln!("{} trials, cleaning deleted objects in {cleaning}", trials());
+    assert!(snapshots > trials() / 3, "a snapshot was read back in only {snapshots} trials");
+    eprintln!(
+        "{} trials, cleaning deleted objects in {cleaning}, snapshots checked in {snapshots}",
+        trials()
+    );
 }
 
 fn caught(planted: Planted, within: u64) -> Option<u64> {
@@ -50,5 +55,15 @@ fn planted_destage_before_sync_is_caught() {
     assert!(
         caught(Planted::DestageBeforeSync, 1000).is_some(),
         "planted DestageBeforeSync not caught in 1000 trials"
+    );
+}
+
+// A cleaner that ignores snapshots deletes objects a snapshot reads (or
+// rewrites what it reads): the snapshot no longer reads as it was. Caught.
+#[test]
+fn planted_gc_ignores_snapshots_is_caught() {
+    assert!(
+        caught(Planted::GcIgnoresSnapshots, 1000).is_some(),
+        "planted GcIgnoresSnapshots not caught in 1000 trials"
     );
 }

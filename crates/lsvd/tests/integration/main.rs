@@ -6,4 +6,5 @@
 mod common;
 mod recovery;
 mod seaweedfs;
+mod snapshots;
 mod volume;

@@ -26,13 +26,17 @@
 //! (its claim object, the journal file); the record written last.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
 use blizzard_env::Env;
-use blizzard_lsvd::{objlog, volume as lv, Kind, LsvdError, LsvdVolume, Store};
+use blizzard_lsvd::{
+    objlog, snapshot as snap, volume as lv, Kind, LsvdError, LsvdSnapshot, LsvdVolume, Store,
+};
+
+pub mod control;
 
 use crate::io::BlobIo;
 use crate::superblock::{
@@ -65,6 +69,18 @@ pub struct S3Spec {
     pub cache_dir: PathBuf,
     pub cache_bytes: u64,
     pub object_bytes: u64,
+    /// Make the volume a clone of this snapshot (its size and object size
+    /// are the base's) instead of an empty one.
+    pub clone_of: Option<CloneOf>,
+}
+
+/// A clone's base: the volume `name`, whose data is at `url`, as of its
+/// snapshot `snapshot`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloneOf {
+    pub name: String,
+    pub url: String,
+    pub snapshot: String,
 }
 
 impl S3Spec {
@@ -74,6 +90,7 @@ impl S3Spec {
             cache_dir: cache_dir.into(),
             cache_bytes: CACHE_BYTES_DEFAULT,
             object_bytes: OBJECT_BYTES_DEFAULT,
+            clone_of: None,
         }
     }
 }
@@ -205,7 +222,22 @@ pub(crate) async fn create(
             "{url} holds objects of a volume whose descriptor is gone (a deleted or cut-off one): delete them (under d/, c/ and s/), or pick another prefix"
         )));
     }
-    let desc = match lv::create(&env, &store, &spec.name, spec.size_bytes, s3.object_bytes).await {
+    let made = match &s3.clone_of {
+        None => lv::create(&env, &store, &spec.name, spec.size_bytes, s3.object_bytes).await,
+        Some(base) => {
+            let base_store = same_bucket(url, &base.url, &store)?;
+            snap::clone_volume(&env, &base_store, &base.name, &base.snapshot, &store, &spec.name)
+                .await
+                .map_err(|e| match e {
+                    LsvdError::NotFound(_) => LsvdError::Invalid(format!(
+                        "volume {:?} has no snapshot {:?} (blizzard volume list shows them)",
+                        base.name, base.snapshot
+                    )),
+                    e => e,
+                })
+        }
+    };
+    let desc = match made {
         Ok(d) => d,
         // Another create won the prefix since the check above.
         Err(LsvdError::Exists(_)) => {
@@ -252,6 +284,19 @@ pub(crate) async fn create(
     r
 }
 
+/// The base's prefix in the store of the clone at `url`: a clone shares
+/// its base's objects, so both must be in one bucket of one endpoint.
+fn same_bucket(url: &str, base_url: &str, store: &Store) -> Result<Store, VolumeError> {
+    let parse = |u: &str| blizzard_lsvd::s3::parse(u).map_err(|e| VolumeError::Refused(e.to_string()));
+    let ((e1, b1, _), (e2, b2, base_prefix)) = (parse(url)?, parse(base_url)?);
+    if (e1, b1) != (e2, b2) {
+        return Err(VolumeError::Refused(format!(
+            "a clone shares its base's objects, so it must be in the same bucket: {url} is not beside {base_url}"
+        )));
+    }
+    Ok(store.at(&base_prefix))
+}
+
 fn open_err(url: &str, cache: &Path, e: LsvdError) -> VolumeError {
     match e {
         LsvdError::Cache(_) | LsvdError::CacheFull(_) => {
@@ -263,8 +308,55 @@ fn open_err(url: &str, cache: &Path, e: LsvdError) -> VolumeError {
 
 fn wrap(env: Env, io: Arc<dyn BlobIo>, sb: Superblock, v: LsvdVolume) -> Volume {
     let epoch = v.info().epoch;
-    let engine = Arc::new(LsvdEngine { env, vol: v, rmw: tokio::sync::Mutex::new(()) });
+    let cache_dir = sb.backend.s3().map(|s| s.cache_dir.clone()).unwrap_or_default();
+    let engine = Arc::new(LsvdEngine {
+        env: env.clone(),
+        vol: v,
+        rmw: tokio::sync::Mutex::new(()),
+        cache_dir: cache_dir.clone(),
+        control: Mutex::new(None),
+    });
+    let task = control::spawn(env, &cache_dir, Arc::downgrade(&engine));
+    *engine.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
     Volume::with_lsvd(io, sb, engine, epoch)
+}
+
+/// Opens snapshot `snapshot` of the S3 volume recorded in `sb`, read-only
+/// (no lease: a snapshot never changes, and its writer keeps what it reads).
+pub(crate) async fn open_snapshot(
+    io: Arc<dyn BlobIo>,
+    sb: Superblock,
+    snapshot: &str,
+) -> Result<Volume, VolumeError> {
+    let s3 = s3_of(&sb)?.clone();
+    let store = store_for(&s3.url)?;
+    let s = LsvdSnapshot::open(store, Some(&sb.name), snapshot).await.map_err(|e| match e {
+        LsvdError::NotFound(_) => VolumeError::NotFound(format!("{}@{snapshot}", sb.name)),
+        e => at(&s3.url, e),
+    })?;
+    let mut sb = sb;
+    sb.name = format!("{}@{snapshot}", sb.name);
+    Ok(Volume::with_lsvd_snapshot(io, sb, Arc::new(s)))
+}
+
+/// The snapshots of the S3 volume recorded in `sb`, oldest first, with the
+/// clones of each; and, for a clone, its base (`NAME@SNAP`).
+pub async fn snapshots(sb: &Superblock) -> Result<(Vec<snap::SnapshotInfo>, Option<String>), VolumeError> {
+    let s3 = s3_of(sb)?;
+    let store = store_for(&s3.url)?;
+    let d = objlog::read_descriptor(&store, None).await.map_err(|e| at(&s3.url, e))?;
+    let base = match d.base.last() {
+        Some(b) => {
+            // The base's name, from its descriptor (the chain keeps prefixes).
+            let name = objlog::read_descriptor(&store.at(&b.prefix), None)
+                .await
+                .map(|d| d.name)
+                .unwrap_or_else(|_| format!("(gone: {})", b.prefix));
+            Some(format!("{name}@{}", b.snapshot))
+        }
+        None => None,
+    };
+    Ok((snap::list(&store).await.map_err(|e| at(&s3.url, e))?, base))
 }
 
 /// Opens the S3 volume recorded in `sb` for writing: recovery of its
@@ -337,9 +429,37 @@ pub(crate) struct LsvdEngine {
     /// Writes not in whole sectors, one at a time: two of them in one
     /// sector would each write back the other's old bytes.
     rmw: tokio::sync::Mutex<()>,
+    cache_dir: String,
+    /// The control socket's task (`control`), stopped at close.
+    control: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for LsvdEngine {
+    fn drop(&mut self) {
+        if let Some(t) = self.control.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            t.abort();
+        }
+    }
 }
 
 impl LsvdEngine {
+    /// Stops answering on the control socket and removes it.
+    async fn stop_control(&self) {
+        let task = self.control.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = task {
+            t.abort();
+            let _ = self.env.remove_disk(&control::socket_path(&self.cache_dir)).await;
+        }
+    }
+
+    pub(crate) async fn snapshot(&self, name: &str) -> Result<u64, VolumeError> {
+        Ok(self.vol.snapshot(name).await?)
+    }
+
+    pub(crate) async fn delete_snapshot(&self, name: &str) -> Result<(), VolumeError> {
+        Ok(self.vol.delete_snapshot(name).await?)
+    }
+
     pub(crate) fn volume(&self) -> &LsvdVolume {
         &self.vol
     }
@@ -403,6 +523,7 @@ impl LsvdEngine {
     /// the bound leaves is in the journal, durable, for the next open on
     /// this host; a volume that failed returns its failure.
     pub(crate) async fn close(&self) -> Result<(), VolumeError> {
+        self.stop_control().await;
         self.vol.flush().await?;
         match self.env.timeout(CLOSE_DRAIN_MAX, self.vol.drain()).await {
             Ok(r) => r?,

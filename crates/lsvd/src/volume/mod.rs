@@ -38,12 +38,19 @@ use blizzard_env::{Env, Instant};
 
 use crate::error::LsvdError;
 use crate::extent_map::{ExtentMap, Loc};
-use crate::format::{block_crcs, Descriptor, ObjExtent, ObjectHeader, ObjectKind, RecordKind, SECTOR};
+use crate::format::{
+    block_crcs, check_snapshot_name, Descriptor, ObjExtent, ObjectHeader, ObjectKind, RecordKind,
+    SnapshotRecord, SECTOR,
+};
 use crate::journal::{Journal, RecMeta, Ring};
 use crate::objlog::{self, LogState, ObjectLog};
 use crate::read_cache::{CacheStats, ReadCache};
-use crate::store::{Counts, Store};
+use crate::store::{checkpoint_name, snapshot_name, Counts, Created, Store};
 use crate::Planted;
+
+mod clean;
+
+use clean::{gc_step, write_checkpoint};
 
 /// The read cache's file name, beside the cache (journal) file.
 pub const READ_CACHE_FILE: &str = "read-cache";
@@ -160,8 +167,33 @@ struct State {
     doomed: Vec<(u64, u64)>,
     /// Seq of the newest durable checkpoint (0: none).
     checkpoint: u64,
-    /// Checkpoints this writer wrote, oldest first (the newest two kept).
+    /// Checkpoints this writer wrote or found at open, oldest first (the
+    /// newest two kept; a snapshot's checkpoint is never deleted here).
     checkpoints: std::collections::VecDeque<u64>,
+    /// This volume's snapshots: name → (seq, the objects of this volume
+    /// its map reads). Cleaning never picks those objects, so they exist
+    /// while the snapshot does.
+    snapshots: BTreeMap<String, (u64, BTreeSet<u64>)>,
+    /// Snapshots asked for, taken by the destager between its steps.
+    snap_requests: Vec<(String, tokio::sync::oneshot::Sender<Result<u64, LsvdError>>)>,
+}
+
+impl State {
+    /// Objects some snapshot needs.
+    fn protected(&self) -> BTreeSet<u64> {
+        self.snapshots.values().flat_map(|(_, objs)| objs.iter().copied()).collect()
+    }
+
+    /// Whether checkpoint `seq` is a snapshot's (kept while it exists).
+    fn snapshot_checkpoint(&self, seq: u64) -> bool {
+        self.snapshots.values().any(|(s, _)| *s == seq)
+    }
+}
+
+/// The objects of this volume (above `floor`, a clone's bases) that the
+/// map at checkpoint `c` reads: what a snapshot at `c` needs kept.
+fn needed_by(objects: impl IntoIterator<Item = crate::format::ObjStat>, floor: u64) -> BTreeSet<u64> {
+    objects.into_iter().filter(|o| o.live > 0 && o.seq > floor).map(|o| o.seq).collect()
 }
 
 struct Inner {
@@ -197,8 +229,14 @@ pub async fn create(
 ) -> Result<Descriptor, LsvdError> {
     let created_secs =
         env.clock.system_time().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let desc =
-        Descriptor { uuid: env.random_u128(), name: name.to_string(), size, object_bytes, created_secs };
+    let desc = Descriptor {
+        uuid: env.random_u128(),
+        name: name.to_string(),
+        size,
+        object_bytes,
+        created_secs,
+        base: Vec::new(),
+    };
     objlog::create(store, &desc).await?;
     Ok(desc)
 }
@@ -227,13 +265,13 @@ pub struct Summary {
 /// process writing it carries on. `expected` is the name it must have.
 pub async fn inspect(store: &Store, expected: Option<&str>) -> Result<Summary, LsvdError> {
     let rec = objlog::recover(store.clone(), expected, None).await?;
-    let (live, stored) = rec.state.utilization();
+    let (live, stored) = rec.state.utilization(rec.log.desc().base_upto());
     let newest = store.newest("d").await?.map(|(_, t)| t);
     Ok(Summary {
         desc: rec.log.desc().clone(),
         head: rec.state.head,
         journal_seq: rec.state.journal_seq,
-        objects: rec.state.objects.len() as u64,
+        objects: rec.state.objects.range(rec.log.desc().base_upto() + 1..).count() as u64,
         live_bytes: live,
         stored_bytes: stored,
         checkpoint: rec.checkpoint,
@@ -244,12 +282,14 @@ pub async fn inspect(store: &Store, expected: Option<&str>) -> Result<Summary, L
 
 /// Deletes every object of the volume under `store`: data objects and
 /// claims, checkpoints, snapshots, and the descriptor last (so a delete
-/// cut off part way still names the volume and can be run again). Only if
-/// the descriptor is volume `uuid`'s: another volume's objects are refused.
-/// A prefix with no descriptor is cleared of whatever log it holds.
+/// cut off part way still names the volume and can be run again), then
+/// a clone's reference on its base. Only if the descriptor is volume
+/// `uuid`'s: another volume's objects are refused; and not while a clone
+/// reads one of its snapshots (`InUse`, naming the clones). A prefix
+/// with no descriptor is cleared of whatever log it holds.
 /// Returns the number of objects deleted.
 pub async fn destroy(store: &Store, uuid: u128) -> Result<u64, LsvdError> {
-    match objlog::read_descriptor(store, None).await {
+    let desc = match objlog::read_descriptor(store, None).await {
         Ok(d) if d.uuid != uuid => {
             return Err(LsvdError::OtherVolume {
                 at: format!("prefix {:?}", store.prefix()),
@@ -257,19 +297,31 @@ pub async fn destroy(store: &Store, uuid: u128) -> Result<u64, LsvdError> {
                 expected: format!("{uuid:032x}"),
             })
         }
-        Ok(_) | Err(LsvdError::NotFound(_)) => {}
+        Ok(d) => Some(d),
+        Err(LsvdError::NotFound(_)) => None,
         Err(e) => return Err(e),
+    };
+    let clones = crate::snapshot::live_clones(store, None).await?;
+    if !clones.is_empty() {
+        let names: Vec<&str> = clones.iter().map(|c| c.name.as_str()).collect();
+        return Err(LsvdError::InUse(format!(
+            "the volume's snapshots are the base of clone(s) {}: delete them first",
+            names.join(", ")
+        )));
     }
     let mut n = 0;
-    for dir in ["d", "c", "s"] {
-        for (name, _) in store.list(dir).await? {
-            store.delete(&format!("{dir}/{name}")).await?;
+    for dir in ["s", "d", "c", "k"] {
+        for name in store.list_paths(dir).await? {
+            store.delete(&name).await?;
             n += 1;
         }
     }
     if store.get(crate::store::DESCRIPTOR).await?.is_some() {
         store.delete(crate::store::DESCRIPTOR).await?;
         n += 1;
+    }
+    if let Some(parent) = desc.as_ref().and_then(|d| d.base.last()) {
+        store.at(&parent.prefix).delete(&crate::store::clone_ref_name(&parent.snapshot, uuid)).await?;
     }
     Ok(n)
 }
@@ -278,7 +330,7 @@ pub async fn destroy(store: &Store, uuid: u128) -> Result<u64, LsvdError> {
 /// prefix with objects but no descriptor is a deleted or cut-off volume's
 /// remains, which a new volume there would roll forward over.
 pub async fn holds_objects(store: &Store) -> Result<bool, LsvdError> {
-    for dir in ["d", "c", "s"] {
+    for dir in ["d", "c", "s", "k"] {
         if !store.list(dir).await?.is_empty() {
             return Ok(true);
         }
@@ -293,7 +345,34 @@ enum Src {
     Object(objlog::ObjLoc),
 }
 
+/// Adds `len` bytes of volume offset `vol`, at `at` in the object's data,
+/// to `extents`: merged into the last extent when they continue it both
+/// in the volume and in the data.
+fn push_extent(extents: &mut Vec<ObjExtent>, vol: u64, len: u64, at: u64) {
+    match extents.last_mut() {
+        Some(p) if p.vol_offset + p.len == vol && p.obj_offset.is_some_and(|o| o + p.len == at) => {
+            p.len += len
+        }
+        _ => extents.push(ObjExtent { vol_offset: vol, len, obj_offset: Some(at) }),
+    }
+}
+
 impl Inner {
+    /// The header of data object `seq` of this writer, holding `data`.
+    fn data_header(&self, seq: u64, journal_seq: u64, data: &Bytes, extents: Vec<ObjExtent>) -> ObjectHeader {
+        ObjectHeader {
+            kind: ObjectKind::Data,
+            uuid: self.log.desc().uuid,
+            seq,
+            epoch: self.epoch,
+            writer: self.writer,
+            journal_seq,
+            data_len: data.len() as u64,
+            extents,
+            crcs: block_crcs(data),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Each critical section leaves the state whole, so poisoning
         // carries no information.
@@ -421,6 +500,13 @@ impl LsvdVolume {
         }
         let writer = env.random_u64();
         let epoch = objlog::claim(&rec.log, &mut rec.state, writer).await?;
+        // This process is the writer now: nothing else deletes objects.
+        let floor = rec.log.desc().base_upto();
+        let mut snapshots = BTreeMap::new();
+        for (r, c) in crate::snapshot::load_all(&rec.log).await? {
+            snapshots.insert(r.name, (r.seq, needed_by(c.objects, floor)));
+        }
+        let checkpoints = crate::snapshot::tidy_checkpoints(&rec.log, &snapshots).await?;
         let folded = rec.state.journal_seq;
         let (journal, ring, replay) =
             Journal::open(&env, cache, cfg.cache_bytes, rec.log.desc().uuid, folded).await?;
@@ -452,7 +538,9 @@ impl LsvdVolume {
             objects_since_checkpoint: 0,
             doomed: Vec::new(),
             checkpoint: rec.checkpoint,
-            checkpoints: std::collections::VecDeque::new(),
+            checkpoints,
+            snapshots,
+            snap_requests: Vec::new(),
         };
         let now = env.now();
         for r in &replay.records {
@@ -650,9 +738,85 @@ impl LsvdVolume {
         r
     }
 
+    /// Takes snapshot `name` of the volume as it is now: every write
+    /// acknowledged before the call is in it (the journal is drained into
+    /// objects first). O(1) in data: a checkpoint of the map and a small
+    /// record. Returns the seq it names.
+    pub async fn snapshot(&self, name: &str) -> Result<u64, LsvdError> {
+        check_snapshot_name(name).map_err(LsvdError::Invalid)?;
+        if self.inner.lock().snapshots.contains_key(name) {
+            return Err(self.snapshot_exists(name));
+        }
+        self.drain().await?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut s = self.inner.lock();
+            Inner::check_failed(&s)?;
+            s.snap_requests.push((name.to_string(), tx));
+        }
+        self.inner.work.notify_one();
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(LsvdError::Invalid(format!(
+                "volume {:?} was closed before snapshot {name:?} was taken",
+                self.name()
+            ))),
+        }
+    }
+
+    fn snapshot_exists(&self, name: &str) -> LsvdError {
+        LsvdError::InUse(format!(
+            "volume {:?} already has a snapshot {name:?}: pick another name, or delete it first",
+            self.name()
+        ))
+    }
+
+    /// Deletes snapshot `name`: its record, then its checkpoint; the
+    /// objects only it needed are cleaned like any dead object. Refused
+    /// while a clone reads it.
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), LsvdError> {
+        check_snapshot_name(name).map_err(LsvdError::Invalid)?;
+        let Some(seq) = self.inner.lock().snapshots.get(name).map(|(seq, _)| *seq) else {
+            return Err(LsvdError::NotFound(format!("snapshot {name:?} of volume {:?}", self.name())));
+        };
+        let store = self.inner.log.store();
+        let clones = crate::snapshot::live_clones(store, Some(name)).await?;
+        if !clones.is_empty() {
+            let names: Vec<&str> = clones.iter().map(|c| c.name.as_str()).collect();
+            return Err(LsvdError::InUse(format!(
+                "snapshot {name:?} of volume {:?} is the base of clone(s) {}: delete them first",
+                self.name(),
+                names.join(", ")
+            )));
+        }
+        // The record first: once it is gone nothing opens the snapshot,
+        // and only then may cleaning take its objects.
+        let key = snapshot_name(name);
+        landed(&self.inner, "deleting a snapshot", || store.delete(&key)).await?;
+        let drop_checkpoint = {
+            let mut s = self.inner.lock();
+            s.snapshots.remove(name);
+            !s.snapshot_checkpoint(seq) && !s.checkpoints.contains(&seq) && s.checkpoint != seq
+        };
+        if drop_checkpoint {
+            let key = checkpoint_name(seq);
+            landed(&self.inner, "deleting a snapshot's checkpoint", || store.delete(&key)).await?;
+        }
+        self.inner.work.notify_one();
+        Ok(())
+    }
+
+    /// This volume's snapshots: name and seq, oldest first.
+    pub fn snapshots(&self) -> Vec<(String, u64)> {
+        let s = self.inner.lock();
+        let mut v: Vec<(String, u64)> = s.snapshots.iter().map(|(n, (seq, _))| (n.clone(), *seq)).collect();
+        v.sort_by_key(|(_, seq)| *seq);
+        v
+    }
+
     pub fn info(&self) -> Info {
         let s = self.inner.lock();
-        let (live, stored) = s.log.utilization();
+        let (live, stored) = s.log.utilization(self.inner.log.desc().base_upto());
         let d = self.inner.log.desc();
         Info {
             name: d.name.clone(),
@@ -665,7 +829,7 @@ impl LsvdVolume {
             cache_len: s.ring.area_len(),
             live_bytes: live,
             stored_bytes: stored,
-            objects: s.log.objects.len() as u64,
+            objects: s.log.objects.range(self.inner.log.desc().base_upto() + 1..).count() as u64,
             map_extents: s.log.map.extents() as u64,
             recovered_checkpoint: self.inner.opened.0,
             rolled: self.inner.opened.1,
@@ -745,6 +909,10 @@ async fn destager(inner: Arc<Inner>) {
         };
         if stop {
             return;
+        }
+        let asked = std::mem::take(&mut inner.lock().snap_requests);
+        for (name, reply) in asked {
+            let _ = reply.send(take_snapshot(&inner, &name).await);
         }
         if go {
             if let Err(e) = destage_step(&inner).await {
@@ -877,27 +1045,11 @@ async fn destage_step(inner: &Inner) -> Result<(), LsvdError> {
             extents.push(ObjExtent { vol_offset: e.start, len: e.len, obj_offset: None });
             continue;
         }
-        let off = data.len() as u64;
+        push_extent(&mut extents, e.start, e.len, data.len() as u64);
         data.extend_from_slice(&datas[e.loc.idx][e.loc.at as usize..(e.loc.at + e.len) as usize]);
-        match extents.last_mut() {
-            Some(p) if p.vol_offset + p.len == e.start && p.obj_offset.is_some_and(|o| o + p.len == off) => {
-                p.len += e.len;
-            }
-            _ => extents.push(ObjExtent { vol_offset: e.start, len: e.len, obj_offset: Some(off) }),
-        }
     }
     let data = data.freeze();
-    let h = ObjectHeader {
-        kind: ObjectKind::Data,
-        uuid: inner.log.desc().uuid,
-        seq,
-        epoch: inner.epoch,
-        writer: inner.writer,
-        journal_seq: last,
-        data_len: data.len() as u64,
-        extents,
-        crcs: block_crcs(&data),
-    };
+    let h = inner.data_header(seq, last, &data, extents);
     if inner.cfg.planted == Planted::ReclaimBeforePut {
         let (pos, next) = {
             let s = inner.lock();
@@ -936,182 +1088,50 @@ async fn destage_step(inner: &Inner) -> Result<(), LsvdError> {
     Ok(())
 }
 
-/// Writes a checkpoint of the map, then deletes what it made deletable:
-/// cleaned objects whose data moved before it, and checkpoints older than
-/// the one before it.
-async fn write_checkpoint(inner: &Inner, c: crate::format::Checkpoint) -> Result<(), LsvdError> {
-    landed(inner, "writing a checkpoint", || inner.log.put_checkpoint(&c)).await?;
-    let (dead, old_ckpts) = {
-        let mut s = inner.lock();
-        s.objects_since_checkpoint = 0;
-        s.checkpoint = s.checkpoint.max(c.seq);
-        s.checkpoints.push_back(c.seq);
-        let upto = s.checkpoint;
-        let mut dead = Vec::new();
-        s.doomed.retain(|&(v, moved_at)| {
-            if moved_at <= upto {
-                dead.push(v);
-                false
-            } else {
-                true
-            }
-        });
-        let mut old = Vec::new();
-        while s.checkpoints.len() > 2 {
-            old.extend(s.checkpoints.pop_front());
-        }
-        (dead, old)
-    };
-    for v in dead {
-        // Invariant 4: nothing in the durable checkpoint (nor anything
-        // after it) points into v: its live data moved to an object at or
-        // before the checkpoint, and it is dead in the map.
-        debug_assert!(inner.lock().log.objects.get(&v).is_none_or(|o| o.live == 0));
-        landed(inner, "deleting a cleaned object", || {
-            let name = crate::store::object_name(v);
-            async move { inner.log.store().delete(&name).await }
-        })
-        .await?;
-        inner.lock().log.objects.remove(&v);
-    }
-    for c in old_ckpts {
-        landed(inner, "deleting an old checkpoint", || {
-            let name = crate::store::checkpoint_name(c);
-            async move { inner.log.store().delete(&name).await }
-        })
-        .await?;
-    }
-    Ok(())
-}
-
-/// One cleaning pass (§3.5): when live data is below `gc_live_ratio` of
-/// the stored bytes, the least-live objects' live extents are copied into
-/// one new object at the head, a checkpoint is written, and the cleaned
-/// objects deleted. Runs in the destager's task, so no other object is
-/// applied while it plans: the pieces it copies are current when its
-/// object is applied. Returns whether it cleaned anything.
-async fn gc_step(inner: &Inner) -> Result<bool, LsvdError> {
-    let object_bytes = inner.log.desc().object_bytes;
-    let victims: Vec<u64> = {
+/// Takes a snapshot at the head, in the destager's task (so no object is
+/// applied or deleted meanwhile): a checkpoint at the head unless one is
+/// durable there, then the record, then its objects are protected. A
+/// crash between the steps leaves a checkpoint and no record: tidied at
+/// the next open.
+async fn take_snapshot(inner: &Inner, name: &str) -> Result<u64, LsvdError> {
+    let desc = inner.log.desc();
+    let (head, c) = {
         let s = inner.lock();
-        let (live, stored) = s.log.utilization();
-        if stored < inner.cfg.gc_min_bytes || live as f64 >= inner.cfg.gc_live_ratio * stored as f64 {
-            return Ok(false);
+        if s.snapshots.contains_key(name) {
+            return Err(LsvdError::InUse(format!("volume {:?} already has a snapshot {name:?}", desc.name)));
         }
-        let doomed: std::collections::BTreeSet<u64> = s.doomed.iter().map(|d| d.0).collect();
-        let mut cands: Vec<&crate::format::ObjStat> =
-            s.log.objects.values().filter(|o| o.seq != s.log.head && !doomed.contains(&o.seq)).collect();
-        // Least live first (greedy); dead objects cost nothing to clean.
-        cands.sort_by(|a, b| {
-            (a.live * b.data_len.max(1)).cmp(&(b.live * a.data_len.max(1))).then(a.seq.cmp(&b.seq))
-        });
-        let mut out = Vec::new();
-        let mut taking = 0;
-        for o in cands {
-            if (o.live as f64) >= inner.cfg.gc_live_ratio * o.data_len as f64 && o.data_len > 0 {
-                break;
-            }
-            if taking > 0 && taking + o.live > object_bytes {
-                break;
-            }
-            taking += o.live;
-            out.push(o.seq);
-        }
-        out
+        (s.log.head, (s.checkpoint < s.log.head).then(|| s.log.to_checkpoint(desc.uuid, desc.size)))
     };
-    if victims.is_empty() {
-        return Ok(false);
+    if let Some(c) = c {
+        write_checkpoint(inner, c).await?;
     }
-    // The live pieces: the map's extents that still point into a victim,
-    // found from each victim's own extents.
-    let mut pieces: Vec<(u64, u64, u64, u64)> = Vec::new(); // (vol, len, victim, off)
-    for &v in &victims {
-        if inner.lock().log.objects.get(&v).is_some_and(|o| o.live == 0) {
-            continue;
-        }
-        let h = inner.log.read_header(v, None).await?;
-        let s = inner.lock();
-        for e in h.extents.iter().filter(|e| e.obj_offset.is_some()) {
-            for p in s.log.map.lookup(e.vol_offset, e.len) {
-                if let Some(l) = p.loc.filter(|l| l.seq == v) {
-                    pieces.push((p.start, p.len, v, l.off));
-                }
+    let created_secs =
+        inner.env.clock.system_time().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let rec = SnapshotRecord { uuid: desc.uuid, name: name.to_string(), seq: head, created_secs };
+    let b = rec.encode();
+    let store = inner.log.store();
+    let key = snapshot_name(name);
+    match landed(inner, "creating a snapshot", || store.create(&key, vec![b.clone()])).await? {
+        Created::New => {}
+        Created::Exists => {
+            // This writer's own create whose reply was lost, or a snapshot
+            // of that name taken by an earlier writer and not yet known.
+            if store.get(&key).await?.as_ref() != Some(&b) {
+                return Err(LsvdError::InUse(format!(
+                    "volume {:?} already has a snapshot {name:?}: pick another name, or delete it first",
+                    desc.name
+                )));
             }
         }
     }
-    // The live pieces' bytes, one victim at a time: one ranged GET of the
-    // span its pieces cover (a GET per piece cost hundreds of requests per
-    // pass under small random writes, whose live pieces are scattered),
-    // keeping only the pieces, so memory stays the live bytes (at most an
-    // object's worth) plus one span.
-    let mut by_victim: std::collections::BTreeMap<u64, Vec<(u64, u64, u64)>> =
-        std::collections::BTreeMap::new();
-    for &(vol, len, v, off) in &pieces {
-        by_victim.entry(v).or_default().push((vol, len, off));
-    }
-    let mut copied: Vec<(u64, Bytes)> = Vec::with_capacity(pieces.len());
-    for (v, ps) in by_victim {
-        let lo = ps.iter().map(|p| p.2).min().unwrap_or(0);
-        let hi = ps.iter().map(|p| p.2 + p.1).max().unwrap_or(lo);
-        // Past the read cache: the victim is about to go.
-        let span = inner.log.read_direct(v, lo, hi - lo).await?;
-        for (vol, len, off) in ps {
-            let at = (off - lo) as usize;
-            copied.push((vol, Bytes::copy_from_slice(&span[at..at + len as usize])));
-        }
-    }
-    // Each volume offset is in one piece only (the map holds one location
-    // per byte).
-    copied.sort_unstable_by_key(|(vol, _)| *vol);
-    let mut data = BytesMut::new();
-    let mut extents: Vec<ObjExtent> = Vec::new();
-    for (vol, b) in &copied {
-        let (vol, len) = (*vol, b.len() as u64);
-        let at = data.len() as u64;
-        data.extend_from_slice(b);
-        match extents.last_mut() {
-            Some(p) if p.vol_offset + p.len == vol && p.obj_offset.is_some_and(|o| o + p.len == at) => {
-                p.len += len
-            }
-            _ => extents.push(ObjExtent { vol_offset: vol, len, obj_offset: Some(at) }),
-        }
-    }
-    let data = data.freeze();
-    let (seq, journal_seq) = {
-        let s = inner.lock();
-        (s.log.head + 1, s.log.journal_seq)
-    };
-    let h = ObjectHeader {
-        kind: ObjectKind::Data,
-        uuid: inner.log.desc().uuid,
-        seq,
-        epoch: inner.epoch,
-        writer: inner.writer,
-        journal_seq,
-        data_len: data.len() as u64,
-        extents,
-        crcs: block_crcs(&data),
-    };
-    if !h.extents.is_empty() {
-        landed(inner, "creating a cleaning object", || inner.log.put_object(&h, vec![data.clone()])).await?;
-    }
-    let c = {
-        let mut s = inner.lock();
-        if !h.extents.is_empty() {
-            s.log.apply(&h).map_err(LsvdError::Corrupt)?;
-        }
-        for &v in &victims {
-            // Every live byte moved: the victims are dead in the map.
-            assert_eq!(s.log.objects.get(&v).map_or(0, |o| o.live), 0, "cleaned object {v} still live");
-            let head = s.log.head;
-            s.doomed.push((v, head));
-        }
-        s.log.to_checkpoint(inner.log.desc().uuid, inner.log.desc().size)
-    };
-    inner.changed.notify_waiters();
-    tracing::debug!(victims = ?victims, moved = data.len(), "cleaned");
-    write_checkpoint(inner, c).await?;
-    Ok(true)
+    let mut s = inner.lock();
+    // The map has not changed since the checkpoint: nothing else applies
+    // objects. What it reads now is what the snapshot reads.
+    assert_eq!(s.log.head, head, "an object was applied while a snapshot was taken");
+    let needed = needed_by(s.log.objects.values().copied(), desc.base_upto());
+    s.snapshots.insert(name.to_string(), (head, needed));
+    tracing::info!(volume = %desc.name, snapshot = name, seq = head, "snapshot taken");
+    Ok(head)
 }
 
 /// Moves the journal's tail past the folded records no read is using, and
