@@ -2,7 +2,8 @@
 //! acceptance tests of the NBD server that involve real programs.
 //!
 //! For each commit mode (write-through, fast-ack, log; flush policy
-//! `durable`), `ext4_*`:
+//! `durable`), and for an S3 volume (`ext4_sqlite_crash_s3`, on a
+//! SeaweedFS the test starts), `ext4_*`:
 //! 1. starts `blizzard up` (its own data directory, NBD on a unix socket),
 //!    reaches the export from the kernel as the notes in
 //!    `shared/notes/nbd-on-this-machine.md` describe (nbdfuse, then a loop
@@ -253,13 +254,22 @@ struct Blizzard {
 impl Blizzard {
     /// Starts `blizzard up` and waits for its ready line. `listen` may be
     /// `127.0.0.1:0`: the address it printed is used.
-    fn start(data: &Path, listen: &str, mode: &str, size: &str, disk_size: &str, log: PathBuf) -> Blizzard {
+    /// `backend`: the default volume's flags (`--mode M`, or `--s3 URL ...`).
+    fn start(
+        data: &Path,
+        listen: &str,
+        backend: &[&str],
+        size: &str,
+        disk_size: &str,
+        log: PathBuf,
+    ) -> Blizzard {
         let out = File::create(&log).unwrap();
         let child = Command::new(bin::blizzard_bin())
             .arg("up")
             .arg("--data")
             .arg(data)
-            .args(["--listen", listen, "--meta-listen", "127.0.0.1:0", "--mode", mode])
+            .args(["--listen", listen, "--meta-listen", "127.0.0.1:0"])
+            .args(backend)
             .args(["--size", size, "--disk-size", disk_size])
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
@@ -772,8 +782,24 @@ fn file_writer(dir: &Path, pat: &Path) -> Command {
     c
 }
 
+/// The default volume's flags for `mode`: a commit mode, or `s3` (an S3
+/// volume on a SeaweedFS this starts, kept running by the returned guard).
+fn backend_args(mode: &str) -> (Vec<String>, Option<blizzard_testkit::weed::Weed>) {
+    if mode != "s3" {
+        return (vec!["--mode".into(), mode.into()], None);
+    }
+    for (k, v) in blizzard_testkit::weed::Weed::credentials() {
+        std::env::set_var(k, v);
+    }
+    let weed = blizzard_testkit::weed::Weed::start();
+    let args = vec!["--s3".into(), weed.url("ext4"), "--cache-size".into(), "256MiB".into()];
+    (args, Some(weed))
+}
+
 fn ext4_sqlite_and_crash(mode: &str, crash_round: bool) {
     let clock = Clock::new(mode);
+    let (backend, _weed) = backend_args(mode);
+    let backend: Vec<&str> = backend.iter().map(String::as_str).collect();
     sh::require_root("the ext4 + sqlite test");
     sh::need(KERNEL_TOOLS);
     let work = tempfile::Builder::new().prefix("nbd-apps-").tempdir().unwrap();
@@ -790,7 +816,7 @@ fn ext4_sqlite_and_crash(mode: &str, crash_round: bool) {
     // about 1.4 GiB once mkfs has trimmed all of it). mkfs.ext4's trim of
     // the whole volume is most of round 1's time (11 s of it in the log
     // mode at 2 GiB).
-    let mut srv = Blizzard::start(&data, &listen, mode, "1GiB", "1GiB", w.join("up-1.log"));
+    let mut srv = Blizzard::start(&data, &listen, &backend, "1GiB", "1GiB", w.join("up-1.log"));
     clock.say(format!("blizzard up ({mode}) at {}", srv.uri()));
 
     // Round 1: a file system, a tree, 1000 fsync'd transactions, all clean.
@@ -952,7 +978,7 @@ fn ext4_sqlite_and_crash(mode: &str, crash_round: bool) {
     let journal_committed = last("sqlite3 (journal)", &journal, 1);
     let files_synced = writer.reported.len() as u64; // files 0..files_synced
 
-    srv = Blizzard::start(&data, &listen, mode, "2GiB", "1GiB", w.join("up-2.log"));
+    srv = Blizzard::start(&data, &listen, &backend, "2GiB", "1GiB", w.join("up-2.log"));
     clock.say("blizzard up restarted on the same data");
     let mut st = Stack::attach(&srv.uri(), w, 3);
     fsck_after_crash(&mut st, &clock);
@@ -1025,6 +1051,13 @@ fn ext4_sqlite_crash_log() {
     ext4_sqlite_and_crash("log", true);
 }
 
+/// The same on an S3 volume (design 0008): `blizzard up --s3` over a
+/// SeaweedFS the test starts; the crash round replays its journal.
+#[test]
+fn ext4_sqlite_crash_s3() {
+    ext4_sqlite_and_crash("s3", true);
+}
+
 /// fio's nbd engine (libnbd, no kernel, no root): 128 MiB of 4 KiB random
 /// writes at queue depth 32, each block with a crc32c header, then every
 /// block read back and verified.
@@ -1033,7 +1066,8 @@ fn fio_randwrite_verify(mode: &str) {
     sh::need(&["fio"]);
     let work = tempfile::Builder::new().prefix("nbd-fio-").tempdir().unwrap();
     let w = work.path();
-    let mut srv = Blizzard::start(&w.join("data"), "127.0.0.1:0", mode, "1GiB", "1GiB", w.join("up.log"));
+    let mut srv =
+        Blizzard::start(&w.join("data"), "127.0.0.1:0", &["--mode", mode], "1GiB", "1GiB", w.join("up.log"));
     let uri = srv.uri();
     clock.say(format!("blizzard up ({mode}) at {uri}"));
     let out = sh::cmd("fio")
@@ -1082,8 +1116,14 @@ fn nbdcopy_1gib_round_trip_write_through() {
     let mut random = File::open("/dev/urandom").unwrap().take(1 << 30);
     assert_eq!(std::io::copy(&mut random, &mut File::create(&img).unwrap()).unwrap(), 1 << 30);
     clock.say("1 GiB random image");
-    let mut srv =
-        Blizzard::start(&w.join("data"), "127.0.0.1:0", "write-through", "1GiB", "1GiB", w.join("up.log"));
+    let mut srv = Blizzard::start(
+        &w.join("data"),
+        "127.0.0.1:0",
+        &["--mode", "write-through"],
+        "1GiB",
+        "1GiB",
+        w.join("up.log"),
+    );
     let uri = srv.uri();
     clock.say(format!("blizzard up at {uri}"));
     sh::run("nbdcopy", &["--flush", img.to_str().unwrap(), &uri]);
