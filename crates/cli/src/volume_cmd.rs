@@ -41,6 +41,13 @@ pub(crate) enum VolumeCmd {
         /// Target size of the S3 volume's objects.
         #[arg(long, default_value = "8MiB", value_parser = size)]
         object_size: u64,
+        /// The S3 volume's cleaning threshold, in percent: its objects are
+        /// cleaned once live data is below this share of what they hold.
+        /// Lower stores more and rewrites less (at 50 %: about twice the
+        /// live data stored, a third of the rewriting of the default 70 %
+        /// under random writes; docs/benchmarks.md). Clones inherit it.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(10..=95))]
+        gc_threshold: Option<u8>,
         /// write-through (acknowledged when durable), fast-ack (acknowledged
         /// at once, written in flush order) or log.
         #[arg(long, default_value = "write-through", value_parser = mode)]
@@ -160,6 +167,7 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             cache,
             cache_size,
             object_size,
+            gc_threshold,
             mode,
             flush,
             replication,
@@ -172,8 +180,8 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                 ("s3", _, _) => {
                     bail!("--backend s3 needs --s3 URL (http://host:port/bucket/prefix) and --cache DIR")
                 }
-                (_, None, None) => None,
-                _ => bail!("--s3 and --cache are for S3 volumes: add --backend s3"),
+                (_, None, None) if gc_threshold.is_none() => None,
+                _ => bail!("--s3, --cache and --gc-threshold are for S3 volumes: add --backend s3"),
             };
             let client = connect(&env, &meta).await?;
             let mut spec = VolumeSpec::new(name.clone(), size);
@@ -190,6 +198,7 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                     let mut s = S3Spec::new(url, dir);
                     s.cache_bytes = cache_size;
                     s.object_bytes = object_size;
+                    s.gc_live_pct = gc_threshold;
                     manage::create_s3(env, &client, &spec, &s).await
                 }
                 None => manage::create(env, &client, &spec).await,
@@ -383,11 +392,13 @@ async fn print_s3_state(env: &Env, sb: &blizzard_volume::Superblock) {
                 s.objects, s.head, s.journal_seq
             );
             println!(
-                "live bytes   {} of {} stored in objects ({} of {}; cleaned below 70%)",
+                "live bytes   {} of {} stored in objects ({} of {}; cleaned below {}% live{})",
                 s.live_bytes,
                 s.stored_bytes,
                 format_size(s.live_bytes),
-                format_size(s.stored_bytes)
+                format_size(s.stored_bytes),
+                s.desc.gc_live_pct.unwrap_or(70),
+                if s.desc.gc_live_pct.is_some() { ", set at create" } else { "" }
             );
             let when = match s.newest_object_secs {
                 Some(t) => {

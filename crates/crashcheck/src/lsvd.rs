@@ -12,7 +12,8 @@
 //! | object get | a seeded latency, then done |
 //! | object list, delete | done at once |
 //!
-//! Cleaning (GC) runs in most trials: objects rewritten, checkpoints
+//! Cleaning (GC) runs in most trials: objects rewritten (small holes
+//! between the pieces copied plugged in two trials of three), checkpoints
 //! written and objects deleted while the workload runs and when it crashes.
 //!
 //! The contract checked: prefix consistency over flush epochs, and (cache
@@ -397,6 +398,8 @@ fn volume_config(c: &LsvdCheck, rng: &mut SmallRng) -> Config {
         // Cleaning runs often: the hot region is overwritten again and again.
         gc_live_ratio: 0.7,
         gc_min_bytes: rng.random_range(128u64..1024) << 10,
+        // Defragmentation off, at the paper's 8 KiB, or plugging large holes.
+        defrag_hole_max: [0, 8 << 10, 64 << 10][rng.random_range(0..3usize)],
         planted: c.planted,
     }
 }

@@ -146,7 +146,15 @@ pub struct Descriptor {
     /// (and above the previous one's) live under its prefix. Empty for a
     /// volume that is not a clone.
     pub base: Vec<BaseRef>,
+    /// Cleaning starts once live data is below this percentage of the
+    /// bytes stored in objects; `None`: the opener's default (the paper's
+    /// 70 %). Lower trades stored bytes for fewer bytes (and requests)
+    /// rewritten: see `docs/benchmarks.md`.
+    pub gc_live_pct: Option<u8>,
 }
+
+/// The cleaning thresholds a volume may be given (percent live).
+pub const GC_LIVE_PCT_RANGE: std::ops::RangeInclusive<u8> = 10..=95;
 
 /// One link of a clone's chain: the volume under `prefix` (`uuid`), read
 /// as of its snapshot `snapshot` at object `upto`.
@@ -165,15 +173,17 @@ pub const PREFIX_LEN_MAX: usize = 1024;
 pub const CHAIN_MAX: usize = 4096;
 /// Most bytes of a descriptor.
 pub const DESCRIPTOR_LEN_MAX: usize = 8 << 20;
-/// A descriptor with a chain (a clone) is version 2; one without keeps
-/// version 1's bytes, so volumes made before clones read as they did.
+/// A descriptor with a chain (a clone) or a cleaning threshold is version
+/// 2; one with neither keeps version 1's bytes, so volumes made before
+/// clones read as they did.
 const DESCRIPTOR_VERSION_CHAIN: u16 = 2;
 
 impl Descriptor {
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::new();
         b.put_slice(DESCRIPTOR_MAGIC);
-        b.put_u16_le(if self.base.is_empty() { VERSION } else { DESCRIPTOR_VERSION_CHAIN });
+        let v2 = !self.base.is_empty() || self.gc_live_pct.is_some();
+        b.put_u16_le(if v2 { DESCRIPTOR_VERSION_CHAIN } else { VERSION });
         b.put_u16_le(self.name.len() as u16);
         b.put_u32_le(0);
         b.put_u128_le(self.uuid);
@@ -181,7 +191,8 @@ impl Descriptor {
         b.put_u64_le(self.object_bytes);
         b.put_u64_le(self.created_secs);
         b.put_slice(self.name.as_bytes());
-        if !self.base.is_empty() {
+        if v2 {
+            b.put_u8(self.gc_live_pct.unwrap_or(0));
             b.put_u32_le(self.base.len() as u32);
             for l in &self.base {
                 b.put_u128_le(l.uuid);
@@ -221,10 +232,18 @@ impl Descriptor {
         }
         let name = check_name(W, r.take(name_len)?)?;
         let mut base = Vec::new();
+        let mut gc_live_pct = None;
         if version == DESCRIPTOR_VERSION_CHAIN {
+            let pct = r.take(1)?[0];
+            if pct != 0 {
+                if !GC_LIVE_PCT_RANGE.contains(&pct) {
+                    return Err(err(W, format!("cleaning threshold {pct} % (0, or {GC_LIVE_PCT_RANGE:?})")));
+                }
+                gc_live_pct = Some(pct);
+            }
             let n = r.u32()? as usize;
             // Each link takes at least 30 bytes.
-            if n == 0 || n > CHAIN_MAX || n.saturating_mul(30) > r.left() {
+            if n > CHAIN_MAX || n.saturating_mul(30) > r.left() || (n == 0 && gc_live_pct.is_none()) {
                 return Err(err(W, format!("a chain of {n} bases in {} bytes", r.left())));
             }
             let mut last = 0;
@@ -249,7 +268,7 @@ impl Descriptor {
                 return Err(err(W, format!("{} bytes after the chain", r.left())));
             }
         }
-        let d = Descriptor { uuid, name, size, object_bytes, created_secs, base };
+        let d = Descriptor { uuid, name, size, object_bytes, created_secs, base, gc_live_pct };
         d.validate().map_err(|why| err(W, why))?;
         Ok(d)
     }
@@ -275,6 +294,13 @@ impl Descriptor {
         }
         if self.name.is_empty() || self.name.len() > NAME_LEN_MAX {
             return Err(format!("name must be 1..={NAME_LEN_MAX} bytes"));
+        }
+        if let Some(p) = self.gc_live_pct.filter(|p| !GC_LIVE_PCT_RANGE.contains(p)) {
+            return Err(format!(
+                "cleaning threshold {p} % must be between {} and {} %",
+                GC_LIVE_PCT_RANGE.start(),
+                GC_LIVE_PCT_RANGE.end()
+            ));
         }
         Ok(())
     }
@@ -937,6 +963,7 @@ mod tests {
             object_bytes: 8 << 20,
             created_secs: 1,
             base: Vec::new(),
+            gc_live_pct: None,
         };
         let b = d.encode();
         assert_eq!(Descriptor::decode(&b), Ok(d.clone()));
@@ -958,6 +985,10 @@ mod tests {
         let b = c.encode();
         assert_eq!(Descriptor::decode(&b), Ok(c.clone()));
         assert_eq!(c.base_upto(), 25);
+        // A threshold alone is version 2 too; out of range is refused.
+        let t = Descriptor { base: Vec::new(), gc_live_pct: Some(50), ..c.clone() };
+        assert_eq!(Descriptor::decode(&t.encode()), Ok(t.clone()));
+        assert!(Descriptor { gc_live_pct: Some(99), ..t.clone() }.validate().is_err());
         for n in 0..b.len() {
             assert!(Descriptor::decode(&b[..n]).is_err());
         }

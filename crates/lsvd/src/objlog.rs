@@ -409,7 +409,13 @@ impl ObjectLog {
     pub async fn put_checkpoint(&self, c: &Checkpoint) -> Result<(), LsvdError> {
         let b = c.encode();
         match self.store.create(&checkpoint_name(c.seq), vec![b.clone()]).await? {
-            Created::New => Ok(()),
+            Created::New => {
+                self.store
+                    .counts()
+                    .checkpoint_bytes_put
+                    .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             Created::Exists => match self.store.get(&checkpoint_name(c.seq)).await? {
                 Some(found) if found == b => Ok(()),
                 _ => Err(LsvdError::Fenced {

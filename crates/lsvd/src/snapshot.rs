@@ -291,6 +291,8 @@ pub async fn clone_volume(
         object_bytes: bdesc.object_bytes,
         created_secs,
         base: chain,
+        // A clone cleans as its base does.
+        gc_live_pct: bdesc.gc_live_pct,
     };
     desc.validate().map_err(LsvdError::Invalid)?;
     if new.prefix() == base.prefix() || base.prefix().starts_with(&format!("{}/", new.prefix())) {

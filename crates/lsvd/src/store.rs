@@ -23,6 +23,9 @@ pub struct Counts {
     pub lists: AtomicU64,
     pub bytes_put: AtomicU64,
     pub bytes_got: AtomicU64,
+    /// Of `bytes_put`: map checkpoints, and the cleaner's objects.
+    pub checkpoint_bytes_put: AtomicU64,
+    pub cleaning_bytes_put: AtomicU64,
 }
 
 /// A snapshot of [`Counts`].
@@ -34,6 +37,8 @@ pub struct CountsNow {
     pub lists: u64,
     pub bytes_put: u64,
     pub bytes_got: u64,
+    pub checkpoint_bytes_put: u64,
+    pub cleaning_bytes_put: u64,
 }
 
 impl Counts {
@@ -45,6 +50,8 @@ impl Counts {
             lists: self.lists.load(Ordering::Relaxed),
             bytes_put: self.bytes_put.load(Ordering::Relaxed),
             bytes_got: self.bytes_got.load(Ordering::Relaxed),
+            checkpoint_bytes_put: self.checkpoint_bytes_put.load(Ordering::Relaxed),
+            cleaning_bytes_put: self.cleaning_bytes_put.load(Ordering::Relaxed),
         }
     }
 }

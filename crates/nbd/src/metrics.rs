@@ -148,7 +148,15 @@ mod tests {
 
     #[test]
     fn an_s3_volume_shows_what_the_cache_risks_and_its_requests() {
-        let counts = CountsNow { puts: 7, gets: 2, deletes: 1, lists: 0, bytes_put: 1 << 20, bytes_got: 0 };
+        let counts = CountsNow {
+            puts: 7,
+            gets: 2,
+            deletes: 1,
+            lists: 0,
+            bytes_put: 1 << 20,
+            bytes_got: 0,
+            ..CountsNow::default()
+        };
         let text = render(&[
             Figures { export: "a".into(), size: 1, s3: None },
             Figures { export: "s".into(), size: 1 << 30, s3: Some((info(12288), counts)) },

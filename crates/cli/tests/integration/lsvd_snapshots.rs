@@ -2,12 +2,12 @@
 //! runs them: real `blizzard` processes, a real SeaweedFS and real NBD
 //! clients (nbdsh, nbdcopy).
 //!
-//! `lsvd_snapshot_and_clone_through_nbd`: a volume served by `blizzard
-//! nbd` is written, snapshotted while served (the command asks the
+//! `lsvd_snapshot_and_clone_through_nbd`: a volume (its cleaning
+//! threshold set at create) served by `blizzard nbd` is written, snapshotted while served (the command asks the
 //! serving process), overwritten; the export `v@monday` still reads the
 //! old bytes and refuses writes; a clone of it, served by the same
 //! server, diverges without changing its base or the snapshot; `volume
-//! list` and `info` show them; the snapshot a clone reads and its volume
+//! list` and `info` show them (the clone with its base's threshold); the snapshot a clone reads and its volume
 //! cannot be deleted (one line naming the clone) until the clone is;
 //! then everything is deleted, down to the last object.
 
@@ -68,6 +68,8 @@ fn lsvd_snapshot_and_clone_through_nbd() {
         "16MiB",
         "--object-size",
         "1MiB",
+        "--gc-threshold",
+        "50",
         "--meta",
         &meta,
     ]);
@@ -112,6 +114,7 @@ fn lsvd_snapshot_and_clone_through_nbd() {
     assert!(line("c ").contains("clone of v@monday"), "{list}");
     let info = ok(&["volume", "info", "c", "--meta", &meta]);
     assert!(info.contains("clone of     v@monday"), "{info}");
+    assert!(info.contains("cleaned below 50% live, set at create"), "the clone cleans as its base: {info}");
     clock.say("clone c served beside its base: each reads only its own writes; list and info show both");
 
     // What a clone reads stays.

@@ -508,3 +508,37 @@ fn failed_superblock_write_fences_until_reopen() -> TestResult {
         Ok(())
     })
 }
+
+/// A trim of blocks that hold nothing (never written, or already trimmed)
+/// writes no record: a whole-volume discard of a new volume (mkfs) costs
+/// nothing, and only the blocks that held data get trim records. The
+/// volume then reads as the model, also after a reopen.
+#[test]
+fn trimming_blocks_that_hold_nothing_writes_no_record() -> TestResult {
+    let m = mem(21);
+    let rt = runtime();
+    rt.block_on(async {
+        let vol = Volume::format(env(1), io(&m), &spec(MIB)).await?;
+        let mut model = Model(vec![0; MIB as usize]);
+        vol.trim(0, MIB).await?; // nothing written yet
+        for (i, v) in [3u64, 9, 100].into_iter().enumerate() {
+            vol.write(v * BS, model.write(v, i as u64 + 1), false).await?;
+        }
+        vol.flush_durable().await?;
+        vol.trim(0, MIB).await?; // the three blocks, and nothing else
+        model.trim(3);
+        model.trim(9);
+        model.trim(100);
+        vol.trim(0, MIB).await?; // all of it holds nothing again
+        vol.flush_durable().await?;
+        verify(&vol, &model, "after the trims").await?;
+        drop(vol);
+        let vol = Volume::open(env(2), io(&m), PlantedBug::None).await?;
+        verify(&vol, &model, "reopened").await
+    })?;
+    let recs = newest_records(&m);
+    let trims = recs.iter().filter(|r| r.kind == Kind::Trim).count();
+    let data = recs.iter().filter(|r| r.kind == Kind::Data).count();
+    assert_eq!((data, trims), (3, 3), "records: {recs:?}");
+    Ok(())
+}

@@ -75,6 +75,10 @@ pub struct Config {
     pub gc_live_ratio: f64,
     /// ...and at least this many object bytes are stored.
     pub gc_min_bytes: u64,
+    /// Cleaning copies holes of at most this many bytes between the pieces
+    /// it moves, so sequential ranges come back together (defragmentation,
+    /// the paper's §4.6: 8 KiB); 0: never.
+    pub defrag_hole_max: u64,
     pub planted: Planted,
 }
 
@@ -88,6 +92,7 @@ impl Default for Config {
             retry_pause: Duration::from_millis(200),
             gc_live_ratio: 0.7,
             gc_min_bytes: 64 << 20,
+            defrag_hole_max: 8 << 10,
             planted: Planted::None,
         }
     }
@@ -204,6 +209,8 @@ struct Inner {
     epoch: u64,
     /// This open's nonce, in every object it makes.
     writer: u64,
+    /// Cleaning's threshold: the descriptor's, else the config's.
+    gc_live_ratio: f64,
     /// (checkpoint, objects rolled, records replayed) at open.
     opened: (u64, u64, u64),
     state: Mutex<State>,
@@ -227,6 +234,19 @@ pub async fn create(
     size: u64,
     object_bytes: u64,
 ) -> Result<Descriptor, LsvdError> {
+    create_with(env, store, name, size, object_bytes, None).await
+}
+
+/// [`create`] with a cleaning threshold of its own (percent live; `None`:
+/// whoever opens it decides, by default the paper's 70 %).
+pub async fn create_with(
+    env: &Env,
+    store: &Store,
+    name: &str,
+    size: u64,
+    object_bytes: u64,
+    gc_live_pct: Option<u8>,
+) -> Result<Descriptor, LsvdError> {
     let created_secs =
         env.clock.system_time().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let desc = Descriptor {
@@ -236,6 +256,7 @@ pub async fn create(
         object_bytes,
         created_secs,
         base: Vec::new(),
+        gc_live_pct,
     };
     objlog::create(store, &desc).await?;
     Ok(desc)
@@ -546,6 +567,7 @@ impl LsvdVolume {
         for r in &replay.records {
             apply_record(&mut s, r, now);
         }
+        let gc_live_ratio = rec.log.desc().gc_live_pct.map_or(cfg.gc_live_ratio, |p| f64::from(p) / 100.0);
         let inner = Arc::new(Inner {
             env,
             log: rec.log,
@@ -553,6 +575,7 @@ impl LsvdVolume {
             cfg,
             epoch,
             writer,
+            gc_live_ratio,
             opened: (rec.checkpoint, rec.rolled, replay.records.len() as u64),
             state: Mutex::new(s),
             changed: Notify::new(),

@@ -69,9 +69,12 @@ pub struct S3Spec {
     pub cache_dir: PathBuf,
     pub cache_bytes: u64,
     pub object_bytes: u64,
-    /// Make the volume a clone of this snapshot (its size and object size
-    /// are the base's) instead of an empty one.
+    /// Make the volume a clone of this snapshot (its size, object size
+    /// and cleaning threshold are the base's) instead of an empty one.
     pub clone_of: Option<CloneOf>,
+    /// Clean once live data is below this percentage of the bytes stored
+    /// (`None`: 70 %, the LSVD paper's).
+    pub gc_live_pct: Option<u8>,
 }
 
 /// A clone's base: the volume `name`, whose data is at `url`, as of its
@@ -91,6 +94,7 @@ impl S3Spec {
             cache_bytes: CACHE_BYTES_DEFAULT,
             object_bytes: OBJECT_BYTES_DEFAULT,
             clone_of: None,
+            gc_live_pct: None,
         }
     }
 }
@@ -223,7 +227,9 @@ pub(crate) async fn create(
         )));
     }
     let made = match &s3.clone_of {
-        None => lv::create(&env, &store, &spec.name, spec.size_bytes, s3.object_bytes).await,
+        None => {
+            lv::create_with(&env, &store, &spec.name, spec.size_bytes, s3.object_bytes, s3.gc_live_pct).await
+        }
         Some(base) => {
             let base_store = same_bucket(url, &base.url, &store)?;
             snap::clone_volume(&env, &base_store, &base.name, &base.snapshot, &store, &spec.name)
