@@ -295,9 +295,12 @@ pub async fn clone_volume(
         gc_live_pct: bdesc.gc_live_pct,
     };
     desc.validate().map_err(LsvdError::Invalid)?;
-    if new.prefix() == base.prefix() || base.prefix().starts_with(&format!("{}/", new.prefix())) {
+    // Listings are by prefix: one volume's names inside the other's would
+    // be read as its own objects.
+    let inside = |a: &str, b: &str| a == b || b.is_empty() || a.starts_with(&format!("{b}/"));
+    if inside(new.prefix(), base.prefix()) || inside(base.prefix(), new.prefix()) {
         return Err(LsvdError::Invalid(format!(
-            "the clone's prefix {:?} would hold its base {:?}: pick another",
+            "the clone's prefix {:?} and its base's {:?} must not hold one another: pick a sibling",
             new.prefix(),
             base.prefix()
         )));

@@ -213,6 +213,12 @@ async fn a_clone_diverges_from_its_base() {
         .await
         .unwrap_err();
     assert!(matches!(e, LsvdError::NotFound(_)), "{e}");
+    for nested in ["vols/base/inner", "vols"] {
+        let e = snapshot::clone_volume(&env, &base, "base", "golden", &Store::new(mem.clone(), nested), "x")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LsvdError::Invalid(_)), "{nested}: {e}");
+    }
     let base_objects = objects_under(&mem, "vols/base/d").await;
 
     let v1 = LsvdVolume::open(env.clone(), c1.clone(), Some("c1"), &cache("c1"), cfg()).await.unwrap();
