@@ -14,7 +14,8 @@
 //! - `read_cache`: object data read before, kept in a file beside the
 //!   journal (keyed by object and line, checked by the objects' CRCs).
 //! - `volume`: [`LsvdVolume`]: the journal in front, the log behind, the
-//!   destager between them; `volume::clean`: cleaning and checkpoints.
+//!   destager between them (`volume::destage`); `volume::clean`: cleaning
+//!   and checkpoints.
 //! - `snapshot`: snapshots (a name for a point of the log, opened
 //!   read-only as [`LsvdSnapshot`]) and clones (volumes whose log starts
 //!   from another's snapshot).

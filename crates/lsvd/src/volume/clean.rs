@@ -10,7 +10,8 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::{landed, push_extent, Inner};
+use super::destage::push_extent;
+use super::{landed, Inner};
 use crate::error::LsvdError;
 use crate::format::ObjExtent;
 use crate::Planted;
