@@ -29,6 +29,10 @@ pub trait Exports: Send + Sync + 'static {
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>>;
 }
 
+/// How long NBD_OPT_LIST waits for an S3 volume's store to list its
+/// snapshots before leaving them out.
+const LIST_SNAPSHOTS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How a server opens the volumes it exports.
 #[derive(Clone, Debug, Default)]
 pub struct OpenMode {
@@ -73,8 +77,11 @@ impl Exports for ClientExports {
             let mut out = Vec::new();
             for sb in manage::list(&self.client).await? {
                 if sb.backend.s3().is_some() {
-                    // A store that cannot be reached now still lists the volume.
-                    if let Ok((snaps, _)) = blizzard_volume::lsvd::snapshots(&sb).await {
+                    // A store that cannot be reached now, or is slow to
+                    // answer, still lists the volume (without snapshots).
+                    let snaps =
+                        self.env.timeout(LIST_SNAPSHOTS_WAIT, blizzard_volume::lsvd::snapshots(&sb)).await;
+                    if let Ok(Ok((snaps, _))) = snaps {
                         out.extend(snaps.into_iter().map(|s| format!("{}@{}", sb.name, s.name)));
                     }
                 }

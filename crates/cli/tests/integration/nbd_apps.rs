@@ -8,7 +8,7 @@
 //!    reaches the export from the kernel as the notes in
 //!    `shared/notes/nbd-on-this-machine.md` describe (nbdfuse, then a loop
 //!    device with direct I/O), makes an ext4 file system, unpacks a source
-//!    tree of a few tens of MB, runs 1000 sqlite transactions each fsync'd
+//!    tree of a few tens of MB, runs 300 sqlite transactions each fsync'd
 //!    (WAL, `synchronous=FULL`), unmounts, remounts (so reads come from the
 //!    server, not the page cache), compares the tree with its archive and
 //!    checks the database, then tears down and requires `e2fsck -fn` clean;
@@ -593,7 +593,7 @@ const KERNEL_TOOLS: &[&str] = &[
 
 /// Transactions of the first round (each an fsync through the export; the
 /// crash round after it runs its own until the kill).
-const ROUND1_TXNS: u64 = 1000;
+const ROUND1_TXNS: u64 = 300;
 
 /// The payload of row `id`, as an SQL expression of `id` (200 to 1000
 /// bytes, so rows span pages and the WAL checkpoints).
@@ -819,7 +819,7 @@ fn ext4_sqlite_and_crash(mode: &str, crash_round: bool) {
     let mut srv = Blizzard::start(&data, &listen, &backend, "1GiB", "1GiB", w.join("up-1.log"));
     clock.say(format!("blizzard up ({mode}) at {}", srv.uri()));
 
-    // Round 1: a file system, a tree, 1000 fsync'd transactions, all clean.
+    // Round 1: a file system, a tree, 300 fsync'd transactions, all clean.
     {
         let mut st = Stack::attach(&srv.uri(), w, 1);
         sh::run("mkfs.ext4", &["-q", st.dev()]);
