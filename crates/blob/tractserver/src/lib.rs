@@ -10,9 +10,11 @@
 //! epoch per blob), `rows` (which rows it serves at which version, and its
 //! lease and fence: pure checks), `service` (the request handlers), `fill`
 //! (copying rows this server joined to replace a dead member), `scrub` (re-reading chunks and repairing rot from other
-//! replicas), `metrics` (the Prometheus view), `server` (start-up,
-//! heartbeats, the entry point).
+//! replicas), `backup` (the hybrid tier's backup journal: its in-memory
+//! index of journaled tract ranges), `metrics` (the Prometheus view),
+//! `server` (start-up, heartbeats, the entry point).
 
+pub mod backup;
 pub(crate) mod blob_meta;
 pub mod fence;
 pub mod fill;
