@@ -148,6 +148,11 @@ pub struct BlobSimConfig {
     /// many of its connections that carried one arrives at its server
     /// late, 50 ms–3 s on (`ghost::deliver_late`; 0: never).
     pub late_requests: u32,
+    /// Odd-numbered tractservers are of class hdd with a backup journal on
+    /// a disk of their own (the hybrid tier, `blizzard_tractserver::
+    /// backup`), which crashes with the data disk (losing, keeping or
+    /// tearing unsynced writes on both).
+    pub journals: bool,
 }
 
 impl Default for BlobSimConfig {
@@ -173,6 +178,7 @@ impl Default for BlobSimConfig {
             volume_ops: 400,
             crash_volume_clients: true,
             late_requests: 2,
+            journals: true,
         }
     }
 }
@@ -220,6 +226,10 @@ pub struct BlobSimReport {
     /// Chunk-entry journal checkpoints the tractservers ran, all lives
     /// (their rings are tiny here: `TS_JOURNAL`).
     pub journal_checkpoints: u64,
+    /// Writes the hdd tractservers' backup journals acknowledged, and
+    /// records they replayed onto their data disks at restarts, all lives.
+    pub journaled_writes: u64,
+    pub journal_replayed: u64,
     pub simulated: Duration,
 }
 
@@ -231,6 +241,10 @@ const TS_DISK: u64 = 16 << 20;
 /// allow (`layout::journal_len_min`), so checkpoints run every few dozen
 /// writes and crashes land inside them.
 const TS_JOURNAL: u64 = 4096;
+
+/// Per tractserver and life: chunk-entry journal checkpoints, writes its
+/// backup journal acknowledged, and records it replayed at start.
+type LifeFigures = std::collections::BTreeMap<(usize, u64), [u64; 3]>;
 
 /// Blob clients' writes of at least this many bytes ask before they send
 /// (flow control with tiny bounds, as the rest of this configuration has:
@@ -246,6 +260,28 @@ fn ts_host(i: usize) -> String {
 fn disk_path(i: usize) -> String {
     format!("/sim/ts{i}.disk")
 }
+
+/// Where an hdd tractserver keeps its backup journal (`journals`).
+fn journal_path(i: usize) -> String {
+    format!("/sim/ts{i}.journal")
+}
+
+/// A tractserver's power loss: its disks (data, and journal if any) lose,
+/// keep or tear their unsynced writes.
+fn crash_ts_disks(disks: &SimDisks, i: usize) -> crate::CrashReport {
+    let mut report = crate::CrashReport::default();
+    for path in [disk_path(i), journal_path(i)] {
+        if let Some(d) = disks.get(path.as_ref()) {
+            report.add(d.crash());
+        }
+    }
+    report
+}
+
+/// The backup journal's size in the simulator: the smallest ring there
+/// is, so it fills, wraps and destages all the time.
+const TS_BACKUP_JOURNAL: u64 =
+    blizzard_tractserver::backup::format::RING_START + blizzard_tractserver::backup::format::RING_MIN;
 
 /// The metadata hosts: "meta" for a single server, "meta1".."metaN" for a
 /// group.
@@ -323,9 +359,10 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         });
     }
     let total = cfg.tractservers + cfg.joining;
-    let checkpoints: Rc<RefCell<std::collections::BTreeMap<(usize, u64), u64>>> = Rc::default();
+    let checkpoints: Rc<RefCell<LifeFigures>> = Rc::default();
     for i in 0..total {
         let (disks, lives, planted) = (disks.clone(), Rc::new(RefCell::new(0u64)), cfg.planted_bug);
+        let journal = cfg.journals && i % 2 == 1;
         let checkpoints = checkpoints.clone();
         let (meta_addr, tract) = (meta_addr.clone(), cfg.tract_size);
         // A joining server's first start waits until the cluster has run a
@@ -360,6 +397,17 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                     ..FlowLimits::default()
                 };
                 c.journal_len = Some(TS_JOURNAL);
+                if journal {
+                    // Writes of up to half a tract are journaled; larger
+                    // ones go to the disk with a supersede record.
+                    c.class = blizzard_core::DiskClass::Hdd;
+                    c.journal = Some(ts::JournalConfig {
+                        path: journal_path(i).into(),
+                        create_size: Some(TS_BACKUP_JOURNAL),
+                        bypass: tract / 2,
+                        destage_interval: Duration::from_millis(300),
+                    });
+                }
                 // Repairs the flipped bits (reads go to another replica
                 // meanwhile).
                 c.scrub_bandwidth = 4 << 20;
@@ -369,7 +417,13 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 let store = h.service.store.clone();
                 let count = async {
                     loop {
-                        checkpoints.borrow_mut().insert((i, life), store.journal_checkpoints());
+                        let st = &store.stats;
+                        let figures = [
+                            store.journal_checkpoints(),
+                            st.journaled_writes.load(Ordering::Relaxed),
+                            st.journal_replayed.load(Ordering::Relaxed),
+                        ];
+                        checkpoints.borrow_mut().insert((i, life), figures);
                         env.sleep(Duration::from_millis(100)).await;
                     }
                 };
@@ -538,7 +592,9 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         match sim.step() {
             Ok(true) => break,
             Ok(false) => {}
-            Err(e) => return Err(format!("seed {seed}: {e}\ntrace tail:\n{}", tail(&trace, 30))),
+            Err(e) => {
+                return Err(format!("seed {seed}: {e}\ntrace tail:\n{}", tail(&trace, trace_tail_len())))
+            }
         }
         step += 1;
         let now = sim.elapsed();
@@ -625,7 +681,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 let i = vchaos.random_range(0..total);
                 sim.crash(ts_host(i));
                 ghosts.crashed(&ts_host(i));
-                let report = disks.get(disk_path(i).as_ref()).map(|d| d.crash()).unwrap_or_default();
+                let report = crash_ts_disks(&disks, i);
                 trace.event_at(
                     now,
                     "chaos",
@@ -717,7 +773,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                     let i = chaos.random_range(0..total);
                     sim.crash(ts_host(i));
                     ghosts.crashed(&ts_host(i));
-                    let report = disks.get(disk_path(i).as_ref()).map(|d| d.crash()).unwrap_or_default();
+                    let report = crash_ts_disks(&disks, i);
                     trace.event_at(now, "chaos", format!("crash {} {report:?}", ts_host(i)));
                     ts_down = Some((i, step + chaos.random_range(100..1500)));
                     ts_crashes += 1;
@@ -803,7 +859,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         }
     }
     let vstats: Vec<vc::VolumeStats> = volumes.iter().map(|v| v.stats()).collect();
-    let journal_checkpoints: u64 = checkpoints.borrow().values().sum();
+    let sum = |k: usize| -> u64 { checkpoints.borrow().values().map(|f| f[k]).sum() };
+    let (journal_checkpoints, journaled_writes, journal_replayed) = (sum(0), sum(1), sum(2));
     Ok(BlobSimReport {
         seed,
         trace,
@@ -828,6 +885,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         replica_checks: vstats.iter().map(|s| s.replica_checks).sum(),
         volume_ops: vstats.iter().map(|s| s.acked_ops).sum(),
         journal_checkpoints,
+        journaled_writes,
+        journal_replayed,
         simulated: sim.elapsed(),
     })
 }
@@ -871,6 +930,11 @@ impl Cut {
             How::Hold => sim.release(self.a.as_str(), self.b.as_str()),
         }
     }
+}
+
+/// Trace lines shown with a violation: `BLOB_SIM_TRACE_TAIL` (default 30).
+fn trace_tail_len() -> usize {
+    std::env::var("BLOB_SIM_TRACE_TAIL").ok().and_then(|v| v.parse().ok()).unwrap_or(30)
 }
 
 fn tail(trace: &Trace, n: usize) -> String {

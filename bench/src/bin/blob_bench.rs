@@ -53,6 +53,14 @@ struct Args {
     /// Label printed in the result lines.
     #[arg(long, default_value = "")]
     label: String,
+    /// Charge a modelled device's costs on every tractserver's disk: `hdd`
+    /// or `delay=MS` (`blizzard_env::DiskModel`).
+    #[arg(long, value_parser = blizzard_env::DiskModel::parse)]
+    disk_model: Option<blizzard_env::DiskModel>,
+    /// Give every tractserver a backup journal of this size on the data
+    /// directory's storage (class hdd; design 0009).
+    #[arg(long, value_parser = size_arg)]
+    journal_size: Option<u64>,
 }
 
 #[tokio::main]
@@ -73,6 +81,8 @@ async fn main() -> Result<()> {
     cfg.tract_size = tract as u32;
     // Room for this tractserver's share with generous slack for uneven placement.
     cfg.disk_size = (per_ts * 2 + 8) * tract + (64 << 20);
+    cfg.disk_model = a.disk_model.clone();
+    cfg.journal_size = a.journal_size;
     let cluster = Cluster::start(Env::real(), cfg).await.context("starting the cluster")?;
     // New disk files are zero-filled in the background first; measuring
     // alongside that would charge its writes to the benchmark.
@@ -125,7 +135,7 @@ async fn main() -> Result<()> {
         let cpu = cpu_seconds() - cpu0;
         let bytes = n_req * req;
         println!(
-            "result label={} replication={} tractservers={} pattern={} request={} phase={} bytes={} seconds={:.3} mbps={:.1} cpu_s_per_gb={:.3}",
+            "result label={} replication={} tractservers={} pattern={} request={} phase={} bytes={} seconds={:.3} mbps={:.1} iops={:.0} cpu_s_per_gb={:.3}",
             a.label,
             a.replication,
             a.tractservers,
@@ -135,6 +145,7 @@ async fn main() -> Result<()> {
             bytes,
             secs,
             bytes as f64 / 1e6 / secs,
+            n_req as f64 / secs,
             cpu / (bytes as f64 / 1e9),
         );
     }

@@ -12,16 +12,17 @@ use clap::{Parser, Subcommand};
 use blizzard_client::{Client, ClientConfig};
 use blizzard_cluster::{Cluster, ClusterConfig};
 use blizzard_core::units::{format_size, parse_size};
-use blizzard_env::{DiskModel, Env};
+use blizzard_env::Env;
 use blizzard_metaserver::replica::GroupConfig;
 use blizzard_metaserver::server::MetaConfig;
 use blizzard_proto::ClusterStatus;
-use blizzard_tractserver::TractServerConfig;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, S3Spec, VolumeSpec};
 
 mod kv;
+mod tractserver_cmd;
 mod volume_cmd;
 
+use tractserver_cmd::{tractserver_cmd, TractserverArgs};
 use volume_cmd::{cache_dir, print_volume, remove_empty_dir, volume_cmd, VolumeCmd};
 
 // Tract-sized buffers come and go constantly; mimalloc keeps freed ones for
@@ -207,37 +208,7 @@ enum Cmd {
         metrics: Option<String>,
     },
     /// Run a tractserver on one disk (a block device or a file).
-    Tractserver {
-        #[arg(long)]
-        disk: PathBuf,
-        #[arg(long, default_value = "127.0.0.1:0")]
-        listen: String,
-        /// Address to give the metadata server (default: the bound address).
-        #[arg(long)]
-        advertise: Option<String>,
-        #[arg(long)]
-        meta: String,
-        #[arg(long, default_value = "")]
-        failure_domain: String,
-        /// Create the disk file with this size if it does not exist.
-        #[arg(long, value_parser = size)]
-        create_size: Option<u64>,
-        /// Model a slower disk: this delay added to each of the disk's reads
-        /// and writes (benchmarks only).
-        #[arg(long, default_value_t = 0.0)]
-        io_delay_ms: f64,
-        /// Megabytes per second the scrubber re-reads to find and repair
-        /// damaged chunks (0: no scrubbing).
-        #[arg(long, default_value_t = 4)]
-        scrub_mbps: u64,
-        /// Megabytes per second this server copies while re-replicating the
-        /// rows of a dead tractserver (0: as fast as it can).
-        #[arg(long, default_value_t = 0)]
-        fill_mbps: u64,
-        /// Serve Prometheus metrics at http://ADDR/metrics.
-        #[arg(long)]
-        metrics: Option<String>,
-    },
+    Tractserver(TractserverArgs),
     /// Show the cluster: members, failure domains, TLT, disk usage.
     Status {
         #[arg(long, default_value = "127.0.0.1:7700")]
@@ -610,38 +581,7 @@ async fn run(cli: Cli) -> Result<()> {
             wait_for_stop_signal().await?;
             h.stop().await;
         }
-        Cmd::Tractserver {
-            disk,
-            listen,
-            advertise,
-            meta,
-            failure_domain,
-            create_size,
-            io_delay_ms,
-            scrub_mbps,
-            fill_mbps,
-            metrics,
-        } => {
-            let mut cfg = TractServerConfig::new(disk, listen, meta);
-            cfg.advertise = advertise;
-            cfg.failure_domain = failure_domain;
-            cfg.disk_size = create_size;
-            if !(0.0..=10_000.0).contains(&io_delay_ms) {
-                bail!("--io-delay-ms must be between 0 and 10000");
-            }
-            if io_delay_ms > 0.0 {
-                let latency = Duration::from_secs_f64(io_delay_ms / 1000.0);
-                cfg.disk_model = Some(DiskModel::new(latency, 0, 0));
-            }
-            cfg.scrub_bandwidth = scrub_mbps.saturating_mul(1_000_000);
-            cfg.fill_bandwidth = fill_mbps.saturating_mul(1_000_000);
-            cfg.metrics_listen = metrics;
-            let h = blizzard_tractserver::start(env, cfg).await?;
-            println!("tractserver {} listening on {}", h.id, h.addr);
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => h.stop().await,
-            }
-        }
+        Cmd::Tractserver(args) => tractserver_cmd(env, args).await?,
         Cmd::Volume { cmd } => volume_cmd(env, cmd).await?,
         Cmd::Crashcheck { mode, crashes, seed, flush, replication, plant } => {
             let first = seed.unwrap_or_else(|| env.random_u64() >> 16);
@@ -960,8 +900,8 @@ fn print_status(s: &ClusterStatus) {
         );
     }
     println!(
-        "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  COPYING",
-        "TRACTSERVER", "ADDRESS", "DOMAIN", "STATE", "ROWS", "PRIMARY", "TRACTS", "USED", "CAPACITY"
+        "{:<34} {:<22} {:<10} {:<5} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  COPYING",
+        "TRACTSERVER", "ADDRESS", "DOMAIN", "DISK", "STATE", "ROWS", "PRIMARY", "TRACTS", "USED", "CAPACITY"
     );
     for m in &s.members {
         let used = m.slots_used * s.tract_size as u64;
@@ -985,11 +925,12 @@ fn print_status(s: &ClusterStatus) {
             String::new()
         };
         println!(
-            "{:<34} {:<22} {:<10} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  {}",
+            "{:<34} {:<22} {:<10} {:<5} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  {}",
             m.id.to_string(),
             m.addr,
             // A server without a failure domain of its own is its own one.
             if m.domain == m.id.to_string() { "(own)" } else { m.domain.as_str() },
+            m.class.name(),
             state,
             m.rows,
             m.primaries,

@@ -46,6 +46,9 @@ pub struct ClusterConfig {
     pub fill_bandwidth: u64,
     /// Per tractserver, bytes per second the scrubber checks (0: off).
     pub scrub_bandwidth: u64,
+    /// Tractservers of class hdd, each with a backup journal of this many
+    /// bytes beside its disk (`ts-N.journal`; design 0009).
+    pub journal_size: Option<u64>,
 }
 
 impl ClusterConfig {
@@ -64,6 +67,7 @@ impl ClusterConfig {
             disk_model: None,
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
+            journal_size: None,
         }
     }
 }
@@ -241,6 +245,12 @@ impl Cluster {
         t.disk_model = self.cfg.disk_model.clone();
         t.fill_bandwidth = self.cfg.fill_bandwidth;
         t.scrub_bandwidth = self.cfg.scrub_bandwidth;
+        if let Some(size) = self.cfg.journal_size {
+            t.class = blizzard_core::DiskClass::Hdd;
+            let mut jc = ts::JournalConfig::new(self.cfg.data_dir.join(format!("ts-{i}.journal")));
+            jc.create_size = Some(size);
+            t.journal = Some(jc);
+        }
         let h = ts::start(self.env.clone(), t)
             .await
             .map_err(|error| ClusterError::TractServer { index: i, error })?;

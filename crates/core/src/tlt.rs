@@ -7,6 +7,44 @@
 use crate::ids::{BlobId, TractNo, TsId};
 use crate::limits::{NAME_LEN_MAX, REPLICATION_MAX, TLT_MEMBERS_MAX, TLT_ROWS_MAX};
 
+/// What kind of disk a tractserver owns, as it declares it (`--class`).
+/// The hybrid tier (Ursa §3) places a row's primary on a fast disk and its
+/// backups on slow ones behind journals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DiskClass {
+    /// Flash: random access costs about what sequential does.
+    #[default]
+    Ssd,
+    /// A spinning disk: every random access pays a seek.
+    Hdd,
+}
+
+impl DiskClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            DiskClass::Ssd => "ssd",
+            DiskClass::Hdd => "hdd",
+        }
+    }
+}
+
+impl std::fmt::Display for DiskClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DiskClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DiskClass, String> {
+        match s {
+            "ssd" => Ok(DiskClass::Ssd),
+            "hdd" => Ok(DiskClass::Hdd),
+            _ => Err(format!("unknown disk class {s:?}: give ssd or hdd")),
+        }
+    }
+}
+
 /// One tractserver named by the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TltMember {

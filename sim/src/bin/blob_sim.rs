@@ -38,7 +38,7 @@ struct Args {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump|checkpoint-skips-table]"
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--no-journals] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump|checkpoint-skips-table|journal-ack-before-sync]"
     );
     ExitCode::from(2)
 }
@@ -71,10 +71,14 @@ fn parse() -> Option<Args> {
                     a.cfg.planted_bug = blizzard_tractserver::PlantedBug::CheckpointSkipsTable
                 }
                 "no-writer-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoWriterFence,
+                "journal-ack-before-sync" => {
+                    a.cfg.planted_bug = blizzard_tractserver::PlantedBug::JournalAckBeforeSync
+                }
                 "forget-row-bump" => a.cfg.meta_plant = MetaPlant::ForgetRowBump,
                 _ => return None,
             },
             "--no-full-disks" => a.cfg.full_disks = false,
+            "--no-journals" => a.cfg.journals = false,
             "--no-tractserver-crashes" => a.cfg.crash_tractservers = false,
             "--no-crashes" => {
                 a.cfg.crash_tractservers = false;
@@ -115,6 +119,9 @@ fn config_flags(a: &Args) -> Vec<String> {
     if !a.cfg.full_disks {
         v.push("--no-full-disks".into());
     }
+    if !a.cfg.journals {
+        v.push("--no-journals".into());
+    }
     v.extend(["--duplicates".into(), a.cfg.duplicates.to_string()]);
     v.extend(["--clients".into(), a.cfg.clients.to_string()]);
     v.extend(["--volume-clients".into(), a.cfg.volume_clients.to_string()]);
@@ -131,6 +138,9 @@ fn config_flags(a: &Args) -> Vec<String> {
         }
         blizzard_tractserver::PlantedBug::NoWriterFence => {
             v.extend(["--plant".into(), "no-writer-fence".into()])
+        }
+        blizzard_tractserver::PlantedBug::JournalAckBeforeSync => {
+            v.extend(["--plant".into(), "journal-ack-before-sync".into()])
         }
     }
     if a.cfg.meta_plant == MetaPlant::ForgetRowBump {
@@ -155,7 +165,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -178,6 +188,8 @@ fn main() -> ExitCode {
                     r.chunk_repairs,
                     r.replica_checks,
                     r.journal_checkpoints,
+                    r.journaled_writes,
+                    r.journal_replayed,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -203,9 +215,10 @@ fn main() -> ExitCode {
     let (mut fulls, mut refused, mut outages) = (0u64, 0u64, 0u64);
     // Volume clients: ops, crashes (with writes cut off), late requests
     // (refused by the writer fence), tracts reconciled, chunks repaired,
-    // replica checks; and the tractservers' journal checkpoints.
-    let mut vol = [0u64; 9];
-    const VOL_FIELDS: [&str; 9] = [
+    // replica checks; the tractservers' journal checkpoints, and the hdd
+    // tractservers' journaled writes and replayed records.
+    let mut vol = [0u64; 11];
+    const VOL_FIELDS: [&str; 11] = [
         "volume_ops=",
         "volume_crashes=",
         "volume_crashes_in_flight=",
@@ -215,6 +228,8 @@ fn main() -> ExitCode {
         "chunk_repairs=",
         "replica_checks=",
         "journal_checkpoints=",
+        "journaled_writes=",
+        "journal_replayed=",
     ];
     run_seeds(&exe, &seeds, a.jobs, &config_flags(&a), |seed, out| match out {
         Ok(o) if o.status.success() => {

@@ -324,6 +324,27 @@ fn a_seed_replays_exactly() {
     }
 }
 
+/// The backup journals (odd-numbered tractservers are hdd ones with a
+/// journal) are what keep journaled writes: when a journal acknowledges a
+/// record before its sync returns, a crash that loses the record and the
+/// data disk's unsynced copy loses an acknowledged write, and 1-way
+/// clients read it back wrong or unreadable. It takes a crash within a
+/// destage interval of such a write: seeds 5060 and 5070 draw one (8 in
+/// 300 from 5001 do; `blob-sim --seeds 300 --first 5001 --replication 1
+/// --tractservers 4 --plant journal-ack-before-sync` finds others if a
+/// change to the simulation moves them). Both pass without the bug.
+#[test]
+fn planted_journal_ack_before_sync_is_caught() {
+    let (ok, out) =
+        sim("--seeds 11 --first 5060 --replication 1 --tractservers 4 --plant journal-ack-before-sync");
+    assert!(!ok, "a journal acknowledging before its sync went unnoticed:\n{out}");
+    assert!(out.contains("replay: blob-sim --seed"), "{out}");
+    assert!(!out.contains("violations=0"), "{out}");
+    let (ok, out) = sim("--seeds 11 --first 5060 --replication 1 --tractservers 4");
+    assert!(ok, "without the bug these seeds pass:\n{out}");
+    assert!(!out.contains("journaled_writes=0"), "the journals took writes:\n{out}");
+}
+
 /// The oracle is not blind: with tractservers that acknowledge writes
 /// before they are durable, crashes lose acknowledged data and the
 /// simulation reports violations (and how to replay them).

@@ -30,7 +30,7 @@ use rand::seq::IndexedRandom;
 use rand::Rng;
 
 use blizzard_core::tlt::{Tlt, TltRow};
-use blizzard_core::TsId;
+use blizzard_core::{DiskClass, TsId};
 use blizzard_env::Instant;
 use blizzard_proto::{AssignedRow, Assignment, FillProgress, PendingMember, RowRef};
 
@@ -40,6 +40,7 @@ use blizzard_proto::{AssignedRow, Assignment, FillProgress, PendingMember, RowRe
 pub(crate) struct Member {
     pub addr: String,
     pub domain: String,
+    pub class: DiskClass,
     pub last_heartbeat: Instant,
     pub slots_total: u64,
     pub slots_used: u64,

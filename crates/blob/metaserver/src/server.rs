@@ -34,7 +34,7 @@ use futures::FutureExt;
 
 use blizzard_core::limits::{tract_size_valid, NAME_LEN_MAX, REPLICATION_MAX};
 use blizzard_core::tlt::Tlt;
-use blizzard_core::TsId;
+use blizzard_core::{DiskClass, TsId};
 use blizzard_env::{Env, Instant};
 use blizzard_proto::{
     ClusterParams, ClusterStatus, ErrorCode, ErrorReply, FillProgress, Heartbeat, HeartbeatAction,
@@ -354,6 +354,7 @@ impl MetaServer {
                 Member {
                     addr: hb.addr.clone(),
                     domain,
+                    class: hb.class,
                     last_heartbeat: now,
                     slots_total: hb.slots_total,
                     slots_used: hb.slots_used,
@@ -452,6 +453,7 @@ impl MetaServer {
                             primaries: p,
                             dead: dead.contains(&id),
                             fill: m.fill,
+                            class: m.class,
                         }
                     }
                     None => MemberStatus {
@@ -467,6 +469,7 @@ impl MetaServer {
                         primaries: p,
                         dead: dead.contains(&id),
                         fill: FillProgress::default(),
+                        class: DiskClass::default(),
                     },
                 }
             })

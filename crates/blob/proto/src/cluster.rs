@@ -3,7 +3,7 @@
 //! serves, the cluster's status, and volume leases.
 
 use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
-use blizzard_core::{BlobId, TractNo, TsId};
+use blizzard_core::{BlobId, DiskClass, TractNo, TsId};
 
 use crate::codec::{DecodeError, Reader, Wire, Writer};
 use crate::wire_struct;
@@ -114,6 +114,8 @@ pub struct Heartbeat {
     /// Rows this server has finished copying (at those versions).
     pub filled: Vec<RowRef>,
     pub fill: FillProgress,
+    /// The kind of disk it declared (`--class`).
+    pub class: DiskClass,
 }
 wire_struct!(Heartbeat {
     ts_id: TsId,
@@ -127,6 +129,7 @@ wire_struct!(Heartbeat {
     assignment: Option<Assignment>,
     filled: Vec<RowRef>,
     fill: FillProgress,
+    class: DiskClass,
 });
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,6 +202,7 @@ pub struct MemberStatus {
     /// Declared dead: its rows were given to others.
     pub dead: bool,
     pub fill: FillProgress,
+    pub class: DiskClass,
 }
 wire_struct!(MemberStatus {
     id: TsId,
@@ -213,6 +217,7 @@ wire_struct!(MemberStatus {
     primaries: u32,
     dead: bool,
     fill: FillProgress,
+    class: DiskClass,
 });
 
 #[derive(Clone, Debug, PartialEq, Eq)]

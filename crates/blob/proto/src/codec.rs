@@ -205,6 +205,24 @@ impl Wire for BlobId {
     }
 }
 
+impl Wire for blizzard_core::DiskClass {
+    const MIN_LEN: usize = 1;
+    fn put(&self, w: &mut Writer) {
+        let v: u8 = match self {
+            blizzard_core::DiskClass::Ssd => 0,
+            blizzard_core::DiskClass::Hdd => 1,
+        };
+        v.put(w)
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        match u8::get(r)? {
+            0 => Ok(blizzard_core::DiskClass::Ssd),
+            1 => Ok(blizzard_core::DiskClass::Hdd),
+            v => Err(DecodeError::BadValue { field: "disk class", value: v as u64 }),
+        }
+    }
+}
+
 impl Wire for TsId {
     const MIN_LEN: usize = 16;
     fn put(&self, w: &mut Writer) {

@@ -10,9 +10,9 @@
 //! epoch per blob), `rows` (which rows it serves at which version, and its
 //! lease and fence: pure checks), `service` (the request handlers), `fill`
 //! (copying rows this server joined to replace a dead member), `scrub` (re-reading chunks and repairing rot from other
-//! replicas), `backup` (the hybrid tier's backup journal: its in-memory
-//! index of journaled tract ranges), `metrics` (the Prometheus view),
-//! `server` (start-up, heartbeats, the entry point).
+//! replicas), `metrics` (the Prometheus view), `server` (start-up,
+//! heartbeats, the entry point), `backup` (the hybrid tier's journal of
+//! backup writes on fast storage, in front of a slow data disk).
 
 pub mod backup;
 pub(crate) mod blob_meta;
@@ -29,5 +29,5 @@ pub mod server;
 pub mod service;
 pub mod store;
 
-pub use server::{start, TractServerConfig, TractServerError, TractServerHandle};
+pub use server::{start, JournalConfig, TractServerConfig, TractServerError, TractServerHandle};
 pub use store::{Durability, PlantedBug, Store, StoreError};

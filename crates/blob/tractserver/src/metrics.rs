@@ -13,8 +13,8 @@ impl TractService {
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let (filled, fill) = self.fill.report();
         let serving = if self.check_serving_now() { 1.0 } else { 0.0 };
-        blizzard_metrics::Text::new()
-            .gauge("blizzard_tract_slots", "Tract slots on this disk.", slots as f64)
+        let mut text = blizzard_metrics::Text::new();
+        text.gauge("blizzard_tract_slots", "Tract slots on this disk.", slots as f64)
             .gauge("blizzard_tract_slots_used", "Tract slots holding a tract.", used as f64)
             .gauge("blizzard_serving", "1 while this server holds a lease and is not fenced.", serving)
             .gauge(
@@ -113,7 +113,40 @@ impl TractService {
                 "blizzard_orphans_freed_total",
                 "Tracts freed because their blob is gone or their row left this server.",
                 n(&self.scrub.stats().orphans_freed),
+            );
+        // The hybrid tier's backup journal, where there is one.
+        if let Some(j) = self.store.backup_journal() {
+            text.gauge(
+                "blizzard_backup_journal_bytes",
+                "Bytes of the backup journal's ring.",
+                j.ring_len() as f64,
             )
-            .finish()
+            .gauge(
+                "blizzard_backup_journal_used_bytes",
+                "Ring bytes held by writes the data disk may not have yet.",
+                j.used() as f64,
+            )
+            .gauge(
+                "blizzard_backup_journal_records",
+                "Journal records not yet destaged to the data disk.",
+                j.live_records() as f64,
+            )
+            .counter(
+                "blizzard_backup_journal_writes_total",
+                "Writes acknowledged once durable in the backup journal.",
+                n(&st.journaled_writes),
+            )
+            .gauge(
+                "blizzard_backup_journal_replayed_records",
+                "Records found in the journal at start and written again to the data disk.",
+                n(&st.journal_replayed),
+            )
+            .counter(
+                "blizzard_backup_journal_syncs_total",
+                "fdatasync calls on the backup journal (each covers a group of writes).",
+                j.syncs() as f64,
+            );
+        }
+        text.finish()
     }
 }

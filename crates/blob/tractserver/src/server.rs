@@ -8,12 +8,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use blizzard_core::TsId;
+use blizzard_core::{DiskClass, TsId};
 use blizzard_env::{DiskModel, Env};
 use blizzard_proto::codec::decode;
 use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
 use blizzard_rpc::{serve, MetaService, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
+use crate::backup::format::RING_START;
+use crate::backup::journal::{BackupJournal, JournalError, Scan};
 use crate::layout::LayoutError;
 use crate::rows::{Standing, Turn};
 use crate::service::{RowIndex, TractService};
@@ -32,6 +34,9 @@ pub struct TractServerConfig {
     /// The metadata service: `ADDR[,ADDR...]`, every replica.
     pub meta: String,
     pub failure_domain: String,
+    /// The kind of disk this is, as the operator declares it (`--class`):
+    /// the hybrid tier places primaries on ssd and backups on hdd.
+    pub class: DiskClass,
     pub heartbeat_interval: Duration,
     pub request_timeout: Duration,
     /// A slower disk than the real one, modelled on top of it (latency,
@@ -49,9 +54,38 @@ pub struct TractServerConfig {
     /// simulator gives its small disks a tiny ring, so checkpoints and
     /// crashes inside them happen all the time.
     pub journal_len: Option<u64>,
+    /// A backup journal on fast storage in front of this disk (the hybrid
+    /// tier: `crate::backup`): small writes are durable once in it.
+    pub journal: Option<JournalConfig>,
     /// A bug planted on purpose (simulator and tests only).
     #[doc(hidden)]
     pub planted_bug: crate::store::PlantedBug,
+}
+
+/// Where a tractserver's backup journal lives and what it takes.
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    /// A file or block device on fast storage.
+    pub path: PathBuf,
+    /// Create the file with this many bytes if it does not exist.
+    pub create_size: Option<u64>,
+    /// Writes of at most this many bytes are journaled; larger ones go to
+    /// the disk directly (Ursa's bypass threshold).
+    pub bypass: u32,
+    /// The data disk is brought up to date at least this often while the
+    /// journal holds anything (and whenever it is a quarter full).
+    pub destage_interval: Duration,
+}
+
+impl JournalConfig {
+    pub fn new(path: impl Into<PathBuf>) -> JournalConfig {
+        JournalConfig {
+            path: path.into(),
+            create_size: Some(1 << 30),
+            bypass: 64 << 10,
+            destage_interval: Duration::from_secs(2),
+        }
+    }
 }
 
 impl TractServerConfig {
@@ -63,6 +97,7 @@ impl TractServerConfig {
             advertise: None,
             meta: meta.into(),
             failure_domain: String::new(),
+            class: DiskClass::Ssd,
             heartbeat_interval: Duration::from_millis(500),
             request_timeout: Duration::from_secs(10),
             disk_model: None,
@@ -71,6 +106,7 @@ impl TractServerConfig {
             metrics_listen: None,
             limits: ServerLimits::default(),
             journal_len: None,
+            journal: None,
             planted_bug: crate::store::PlantedBug::None,
         }
     }
@@ -88,6 +124,8 @@ pub enum TractServerError {
     BadAssignment(String),
     #[error("{0}")]
     Config(String),
+    #[error("backup journal {path}: {error}")]
+    Journal { path: String, error: String },
 }
 
 /// A running tractserver.
@@ -144,6 +182,9 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         Err(error) => return Err(TractServerError::Store { path, error }),
     };
     store.plant_bug(cfg.planted_bug);
+    if let Some(jc) = &cfg.journal {
+        attach_journal(&env, &store, jc).await?;
+    }
     let store = Arc::new(store);
     let me = store.disk_id();
     let assignment = match store.assignment().await {
@@ -183,6 +224,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         }
         None => None,
     };
+    let journal = cfg.journal.clone();
     let mut tasks = vec![
         tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
         tokio::spawn(heartbeat_loop(env.clone(), service.clone(), cfg, addr.clone(), rx.clone())),
@@ -202,6 +244,18 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
             }
         }),
     ];
+    if let Some(jc) = &journal {
+        // Journaled writes reach the data disk (`store::backup`).
+        let (store, env, interval) = (service.store.clone(), env.clone(), jc.destage_interval);
+        let mut rx = rx.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = rx.wait() => {}
+                _ = store.destage_loop(&env, interval) => {}
+            }
+        }));
+    }
     if let Some(l) = metrics {
         tracing::info!(addr = %l.local_addr(), "metrics at /metrics");
         let s = service.clone();
@@ -214,6 +268,61 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
         )));
     }
     Ok(TractServerHandle { id: me, addr, service, tasks: ServerTasks::new(shutdown, tasks) })
+}
+
+/// Opens this disk's backup journal (formatting it if it is new: its
+/// heads all zeros) and attaches it to the store, replaying what it holds.
+/// A replay the data disk refuses (full, failing) released nothing: it is
+/// tried again every second until it succeeds, and nothing is served
+/// meanwhile, since the disk lacks acknowledged writes.
+async fn attach_journal(env: &Env, store: &Store, jc: &JournalConfig) -> Result<(), TractServerError> {
+    let path = jc.path.display().to_string();
+    let err = |error: String| TractServerError::Journal { path: path.clone(), error };
+    let disk = env.open_disk(&jc.path, jc.create_size).await.map_err(|e| err(e.to_string()))?;
+    let (id, tract_size) = (store.disk_id().0, store.tract_size());
+    loop {
+        let (journal, scan) = match BackupJournal::open(disk.clone(), id, tract_size).await {
+            Ok(j) => j,
+            Err(JournalError::NotFormatted) => {
+                // Only a device that holds nothing yet is made a journal: a
+                // wrong path must not cost another file its first 8 KiB.
+                let heads = disk.read_at(0, RING_START as usize).await.map_err(|e| err(e.to_string()))?;
+                if heads.iter().any(|&b| b != 0) {
+                    return Err(err(
+                        "it holds something that is not a blizzard backup journal; give a new file or an empty device"
+                            .into(),
+                    ));
+                }
+                tracing::info!(journal = %path, "formatting new backup journal");
+                let j = BackupJournal::format(disk.clone(), id, env.random_u128(), tract_size)
+                    .await
+                    .map_err(|e| err(e.to_string()))?;
+                (j, Scan::default())
+            }
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let ring = journal.ring_len();
+        match store.attach_backup(journal, scan, jc.bypass).await {
+            Ok(r) => {
+                tracing::info!(
+                    journal = %path,
+                    ring_bytes = ring,
+                    bypass = jc.bypass,
+                    replayed_records = r.records,
+                    replayed_bytes = r.bytes,
+                    damaged = r.damaged,
+                    failed = r.failed,
+                    "backup journal attached"
+                );
+                return Ok(());
+            }
+            Err(StoreError::Layout(e)) => return Err(err(e.to_string())),
+            Err(e) => {
+                tracing::warn!(journal = %path, error = %e, "cannot replay the backup journal onto the disk yet; trying again in 1 s");
+                env.sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// Asks the metadata service for the cluster's parameters, waiting for it.
@@ -271,6 +380,7 @@ async fn heartbeat_loop(
                 assignment: stored.clone().filter(|_| send_assignment || leader.as_deref() != Some(to)),
                 filled: filled.clone(),
                 fill,
+                class: cfg.class,
             })
         };
         // The lease counts from the sending: the metadata server's

@@ -6,6 +6,7 @@
 mod common;
 mod crash_sigkill;
 mod fault_recovery;
+mod hybrid_journal;
 mod kv_failover;
 mod lsvd_s3;
 mod lsvd_snapshots;

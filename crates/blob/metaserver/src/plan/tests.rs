@@ -65,6 +65,7 @@ impl World {
             Member {
                 addr: format!("ts{}", id.0),
                 domain: format!("d{}", id.0),
+                class: blizzard_core::DiskClass::Ssd,
                 last_heartbeat: Instant::now(),
                 slots_total: 100,
                 slots_used: 0,

@@ -86,6 +86,7 @@ fn samples() -> Vec<Request> {
             assignment: Some(assignment),
             filled: vec![RowRef { row: 3, version: 2 }],
             fill: FillProgress { rows: 1, tracts_total: 2, tracts_done: 1, bytes_done: 4096 },
+            class: blizzard_core::DiskClass::Hdd,
         }),
         Request::GetTlt { have_version: 3 },
         Request::ClusterStatus,

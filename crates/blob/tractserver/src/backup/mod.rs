@@ -1,9 +1,15 @@
-//! The hybrid tier's backup journal (Ursa §3.2–3.3): a tractserver holding
-//! backup replicas on a slow disk appends small backup writes to a journal
-//! on fast storage, acknowledges them once durable there, and replays them
-//! to the data disk later; until then reads of those bytes come from the
-//! journal.
+//! The hybrid tier's backup journal (Ursa §3.2–§3.3): a tractserver whose
+//! data disk is slow appends small backup writes to a journal on fast
+//! storage, acknowledges them once durable there, and replays them to the
+//! data disk later, in disk order.
 //!
-//! - `index`: where the newest journaled bytes of each tract range are, and each record's live bytes.
+//! - `format`: the journal's heads and records, and what the scan at open
+//!   makes of each state of the ring (pure).
+//! - `index`: which record holds the newest bytes of any range of a tract
+//!   (pure; replay applies only those).
+//! - `journal`: the ring at run time: group-committed appends, reads of
+//!   records not yet replayed, and the head that gives space back.
 
+pub mod format;
 pub mod index;
+pub mod journal;

@@ -247,6 +247,7 @@ impl Store {
             index: Mutex::new(index),
             slots,
             positions: tokio::sync::Mutex::new(positions),
+            backup: std::sync::OnceLock::new(),
             stats: StoreStats::default(),
         })
     }
