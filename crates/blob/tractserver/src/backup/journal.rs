@@ -252,6 +252,10 @@ impl BackupJournal {
         if at + len + keep > r.head.position + r.head.ring_len {
             return Err(JournalError::Full);
         }
+        // Invariants (module docs): positions only grow, a record never
+        // crosses the ring's end, and never reaches past the durable head's
+        // lap (checked above).
+        debug_assert!(at >= r.next_position && at % r.head.ring_len + len <= r.head.ring_len);
         let seq = r.next_seq;
         r.next_seq += 1;
         r.next_position = at + len;
@@ -386,6 +390,8 @@ impl BackupJournal {
             // The first record still live at or after `upto` is where the
             // head goes; with none, the next free position.
             let position = r.live.range(upto..).next().map_or(r.next_position, |(_, l)| l.position);
+            // The head only moves forward, and never past what is reserved.
+            debug_assert!(position >= r.head.position && position <= r.next_position);
             (Head { seq: upto, position, ..r.head }, r.next_slot)
         };
         self.disk.write_at(vec![(slot * HEAD_LEN, Bytes::from(head.encode()))]).await?;
