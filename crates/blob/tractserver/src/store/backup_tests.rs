@@ -296,14 +296,18 @@ async fn a_full_journal_sends_writes_to_the_disk_and_loses_nothing() -> Result<(
     }
     let j = r.store.backup_journal().cloned().ok_or(StoreError::Failed)?;
     let journaled = r.store.stats.journaled_writes.load(Ordering::Relaxed);
-    assert!(journaled > 100 && journaled < (ROUNDS * 8) as u64, "{journaled} of {} writes journaled", ROUNDS * 8);
+    assert!(
+        journaled > 100 && journaled < (ROUNDS * 8) as u64,
+        "{journaled} of {} writes journaled",
+        ROUNDS * 8
+    );
     assert!(j.used() <= j.ring_len());
     let mut coin = 0x2545_f491_4f6c_dd1du64;
     let (r, replayed) = restart(r, move || {
         coin ^= coin << 13;
         coin ^= coin >> 7;
         coin ^= coin << 17;
-        coin % 2 == 0
+        coin.is_multiple_of(2)
     })
     .await?;
     assert!(replayed.records > 100, "{replayed:?}");
