@@ -49,6 +49,11 @@ pub(crate) struct Member {
     /// The assignment it stores, as it reported it or as it was last
     /// pushed to it.
     pub reported: Option<Assignment>,
+    /// Asked for what it stores, it answered nothing: a disk never given
+    /// rows. Until every member has either reported or said this, a
+    /// metadata server without a table must not build a new one (it would
+    /// be a new cluster over disks that belong to the old one).
+    pub stores_nothing: bool,
     /// Rows the member says it has finished copying, and its progress.
     pub filled: Vec<RowRef>,
     pub fill: FillProgress,

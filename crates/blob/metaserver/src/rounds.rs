@@ -89,6 +89,7 @@ impl MetaServer {
             if st.term.take().is_some() {
                 tracing::warn!("no longer the metadata leader");
                 st.members.clear();
+                st.asked.clear();
             }
             return Ok(false);
         };
@@ -107,6 +108,7 @@ impl MetaServer {
         st.ready_since = Some(now);
         st.last_recover = None;
         st.members.clear();
+        st.asked.clear();
         if self.replica.group_status().is_some() {
             tracing::info!(term, "leading the metadata service");
         }
@@ -134,7 +136,14 @@ impl MetaServer {
                 Ok((tlt, filling)) => self.serve(tlt, filling, Vec::new()).await,
                 Err(e) => Err(e),
             }
-        } else if members.len() >= self.cfg.init_tractservers.max(1) {
+        } else if members.len() >= self.cfg.init_tractservers.max(1)
+            && members.values().all(|m| m.stores_nothing)
+        {
+            // Every member said it stores no rows (`Member::stores_nothing`):
+            // a new cluster. A member that has not answered yet may hold the
+            // old cluster's rows; building now would start a new cluster
+            // over them (`blob-sim --seed 210772 --replication 1
+            // --tractservers 4 --joining 2`).
             self.initial_build(&members).await
         } else {
             return;

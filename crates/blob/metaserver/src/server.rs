@@ -164,6 +164,9 @@ pub(crate) struct State {
     pub ready_since: Option<Instant>,
     pub last_recover: Option<Instant>,
     pub first_report: Option<Instant>,
+    /// Members told to send their stored assignment with their next
+    /// heartbeat: the one after that answers (`Member::stores_nothing`).
+    pub asked: BTreeSet<TsId>,
     pub last_complaint: Option<Instant>,
     /// When the last quorum round that confirmed leadership started.
     pub confirmed: Option<Instant>,
@@ -238,6 +241,7 @@ impl MetaServer {
                 ready_since: None,
                 last_recover: None,
                 first_report: None,
+                asked: BTreeSet::new(),
                 last_complaint: None,
                 confirmed: None,
             }),
@@ -349,6 +353,14 @@ impl MetaServer {
                 st.first_report = Some(now);
             }
             let asked = reported.is_none() && hb.assignment.is_none();
+            // Its answer to our last ask: nothing stored. (A heartbeat not
+            // asked for carries no assignment either, and says nothing.)
+            let answered = st.asked.remove(&hb.ts_id);
+            let stores_nothing = hb.assignment.is_none()
+                && (answered || st.members.get(&hb.ts_id).is_some_and(|m| m.stores_nothing));
+            if tlt.is_none() || asked {
+                st.asked.insert(hb.ts_id);
+            }
             st.members.insert(
                 hb.ts_id,
                 Member {
@@ -361,6 +373,7 @@ impl MetaServer {
                     load: hb.load,
                     disk_mbps: hb.disk_mbps,
                     reported,
+                    stores_nothing,
                     filled: hb.filled.clone(),
                     fill: hb.fill,
                 },

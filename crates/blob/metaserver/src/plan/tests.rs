@@ -72,6 +72,7 @@ impl World {
                 load: 0,
                 disk_mbps: 100,
                 reported: Some(a),
+                stores_nothing: false,
                 filled: Vec::new(),
                 fill: FillProgress::default(),
             },
