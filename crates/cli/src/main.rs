@@ -900,7 +900,7 @@ fn print_status(s: &ClusterStatus) {
         );
     }
     println!(
-        "{:<34} {:<22} {:<10} {:<5} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  COPYING",
+        "{:<34} {:<22} {:<10} {:<10} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  COPYING",
         "TRACTSERVER", "ADDRESS", "DOMAIN", "DISK", "STATE", "ROWS", "PRIMARY", "TRACTS", "USED", "CAPACITY"
     );
     for m in &s.members {
@@ -912,6 +912,11 @@ fn print_status(s: &ClusterStatus) {
             "up"
         } else {
             "down"
+        };
+        // A backup journal's use, after the disk's class (design 0009).
+        let disk = match m.journal_used.saturating_mul(100).checked_div(m.journal_bytes) {
+            Some(pct) => format!("{}+j {pct}%", m.class.name()),
+            None => m.class.name().to_string(),
         };
         let copying = if m.fill.rows > 0 {
             format!(
@@ -925,12 +930,12 @@ fn print_status(s: &ClusterStatus) {
             String::new()
         };
         println!(
-            "{:<34} {:<22} {:<10} {:<5} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  {}",
+            "{:<34} {:<22} {:<10} {:<10} {:<6} {:>7} {:>9} {:>9} {:>12} {:>12}  {}",
             m.id.to_string(),
             m.addr,
             // A server without a failure domain of its own is its own one.
             if m.domain == m.id.to_string() { "(own)" } else { m.domain.as_str() },
-            m.class.name(),
+            disk,
             state,
             m.rows,
             m.primaries,

@@ -41,6 +41,8 @@ pub(crate) struct Member {
     pub addr: String,
     pub domain: String,
     pub class: DiskClass,
+    /// Its backup journal's use and size (0: none).
+    pub journal: (u64, u64),
     pub last_heartbeat: Instant,
     pub slots_total: u64,
     pub slots_used: u64,

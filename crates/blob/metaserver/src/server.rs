@@ -367,6 +367,7 @@ impl MetaServer {
                     addr: hb.addr.clone(),
                     domain,
                     class: hb.class,
+                    journal: (hb.journal_used, hb.journal_bytes),
                     last_heartbeat: now,
                     slots_total: hb.slots_total,
                     slots_used: hb.slots_used,
@@ -467,6 +468,8 @@ impl MetaServer {
                             dead: dead.contains(&id),
                             fill: m.fill,
                             class: m.class,
+                            journal_used: m.journal.0,
+                            journal_bytes: m.journal.1,
                         }
                     }
                     None => MemberStatus {
@@ -483,6 +486,8 @@ impl MetaServer {
                         dead: dead.contains(&id),
                         fill: FillProgress::default(),
                         class: DiskClass::default(),
+                        journal_used: 0,
+                        journal_bytes: 0,
                     },
                 }
             })

@@ -116,6 +116,10 @@ pub struct Heartbeat {
     pub fill: FillProgress,
     /// The kind of disk it declared (`--class`).
     pub class: DiskClass,
+    /// Its backup journal (design 0009): bytes held by writes the disk
+    /// may not have yet, and the ring's size (0: no journal).
+    pub journal_used: u64,
+    pub journal_bytes: u64,
 }
 wire_struct!(Heartbeat {
     ts_id: TsId,
@@ -130,6 +134,8 @@ wire_struct!(Heartbeat {
     filled: Vec<RowRef>,
     fill: FillProgress,
     class: DiskClass,
+    journal_used: u64,
+    journal_bytes: u64,
 });
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +209,9 @@ pub struct MemberStatus {
     pub dead: bool,
     pub fill: FillProgress,
     pub class: DiskClass,
+    /// Its backup journal's use and size, as last reported (0: none).
+    pub journal_used: u64,
+    pub journal_bytes: u64,
 }
 wire_struct!(MemberStatus {
     id: TsId,
@@ -218,6 +227,8 @@ wire_struct!(MemberStatus {
     dead: bool,
     fill: FillProgress,
     class: DiskClass,
+    journal_used: u64,
+    journal_bytes: u64,
 });
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -362,6 +362,8 @@ async fn heartbeat_loop(
         let (slots_total, slots_used) = service.store.usage();
         let rows = service.row_index();
         let (filled, fill) = service.fill.report();
+        let (journal_used, journal_bytes) =
+            service.store.backup_journal().map_or((0, 0), |j| (j.used(), j.ring_len()));
         let stored = (rows.assignment.cluster_id != 0).then_some(rows.assignment);
         let heartbeat = |to: &str| {
             Request::Heartbeat(Heartbeat {
@@ -381,6 +383,8 @@ async fn heartbeat_loop(
                 filled: filled.clone(),
                 fill,
                 class: cfg.class,
+                journal_used,
+                journal_bytes,
             })
         };
         // The lease counts from the sending: the metadata server's

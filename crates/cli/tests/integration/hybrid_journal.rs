@@ -140,6 +140,10 @@ async fn sigkilled_hdd_tractservers_replay_their_journals() {
         held += figure(&common::http_get(m, "/metrics").await, "blizzard_backup_journal_records");
     }
     assert!(held >= WRITES as f64, "journals hold {held} records, want at least {WRITES}");
+    // The operator sees each server's class and journal use.
+    let (ok, status) = common::blizzard(&["status", "--meta", &meta_addr]);
+    assert!(ok, "{status}");
+    assert_eq!(status.matches(" hdd+j ").count(), TRACTSERVERS, "{status}");
 
     for ts in procs.ts.iter_mut() {
         ts.kill();

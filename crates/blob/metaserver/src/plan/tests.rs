@@ -66,6 +66,7 @@ impl World {
                 addr: format!("ts{}", id.0),
                 domain: format!("d{}", id.0),
                 class: blizzard_core::DiskClass::Ssd,
+                journal: (0, 0),
                 last_heartbeat: Instant::now(),
                 slots_total: 100,
                 slots_used: 0,

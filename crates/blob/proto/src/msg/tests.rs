@@ -87,6 +87,8 @@ fn samples() -> Vec<Request> {
             filled: vec![RowRef { row: 3, version: 2 }],
             fill: FillProgress { rows: 1, tracts_total: 2, tracts_done: 1, bytes_done: 4096 },
             class: blizzard_core::DiskClass::Hdd,
+            journal_used: 4608,
+            journal_bytes: 1 << 30,
         }),
         Request::GetTlt { have_version: 3 },
         Request::ClusterStatus,
