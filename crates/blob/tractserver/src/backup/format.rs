@@ -61,6 +61,8 @@ use blizzard_core::crc::{crc32c, crc32c_append, first_bad_piece, piece_count};
 use blizzard_core::{BlobId, Incarnation, TractNo};
 use bytes::Bytes;
 
+use crate::layout::journal::{u32_at, u64_at};
+
 /// Records start on this boundary, so the scan finds them again after a
 /// hole.
 pub const RECORD_ALIGN: u64 = 512;
@@ -141,16 +143,6 @@ pub fn data_record_len(offset: u32, len: u32) -> u64 {
 
 /// Ring bytes of a supersede record.
 pub const SUPERSEDE_RECORD_LEN: u64 = RECORD_ALIGN;
-
-fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-}
-
-fn u64_at(b: &[u8], i: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[i..i + 8]);
-    u64::from_le_bytes(a)
-}
 
 fn u128_at(b: &[u8], i: usize) -> u128 {
     let mut a = [0u8; 16];

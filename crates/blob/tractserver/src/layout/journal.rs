@@ -123,11 +123,13 @@ fn crc32c_parts(a: &[u8], b: &[u8]) -> u32 {
     crc32c_append(crc32c(a), b)
 }
 
-fn u32_at(b: &[u8], i: usize) -> u32 {
+/// Little-endian readers of checked-length buffers (the backup journal's
+/// format uses them too).
+pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-fn u64_at(b: &[u8], i: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], i: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[i..i + 8]);
     u64::from_le_bytes(a)
