@@ -118,6 +118,7 @@ impl VolumeConfig {
             segment_tracts: SEGMENT_TRACTS,
             // Small, so fast-ack writes wait for room now and then.
             exposure: ExposureLimits { bytes_max: 128 << 10, writes_max: 32, age_ms_max: 1000 },
+            placement: Default::default(),
         }
     }
 

@@ -62,6 +62,23 @@ enum Cmd {
         listen: String,
         #[arg(long, default_value_t = 4)]
         tractservers: usize,
+        /// Of those, how many (the last) are slow disks (class hdd, design
+        /// 0009): modelled by --hdd-model, each with a backup journal of
+        /// --journal-size beside its disk file. A cluster first built with
+        /// both classes can place volumes ssd, hdd or hybrid.
+        #[arg(long, default_value_t = 0)]
+        hdd_tractservers: usize,
+        /// How the hdd tractservers' disks behave: hdd (8 ms per seek, 150
+        /// MB/s, one arm), delay=MS, or real (this machine's disk as is).
+        #[arg(long, default_value = "hdd")]
+        hdd_model: String,
+        /// Backup journal of each hdd tractserver (0: none).
+        #[arg(long, default_value = "256MiB", value_parser = size)]
+        journal_size: u64,
+        /// Where the default volume's replicas live when it is created: any,
+        /// ssd, hdd or hybrid (see `blizzard volume create --placement`).
+        #[arg(long, default_value = "any")]
+        placement: blizzard_core::Placement,
         /// Replication of the cluster and of the default volume.
         #[arg(long, default_value_t = 1)]
         replication: u8,
@@ -388,6 +405,10 @@ async fn run(cli: Cli) -> Result<()> {
             data,
             listen,
             tractservers,
+            hdd_tractservers,
+            hdd_model,
+            journal_size,
+            placement,
             replication,
             volume,
             size,
@@ -411,6 +432,19 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.disk_size = disk_size;
             cfg.meta_listen = meta_listen;
             cfg.meta_replicas = meta_replicas as usize;
+            if hdd_tractservers > tractservers {
+                bail!("--hdd-tractservers {hdd_tractservers} is more than --tractservers {tractservers}");
+            }
+            cfg.hdd_tractservers = hdd_tractservers;
+            if hdd_tractservers > 0 {
+                cfg.hdd_model = match hdd_model.as_str() {
+                    "real" => None,
+                    m => Some(
+                        blizzard_env::DiskModel::parse(m).map_err(|e| anyhow::anyhow!("--hdd-model: {e}"))?,
+                    ),
+                };
+                cfg.journal_size = (journal_size > 0).then_some(journal_size);
+            }
             // Everything is in this process: its servers reach each other
             // over in-memory pipes, and other processes over unix sockets
             // in the data directory (cheaper than TCP loopback).
@@ -428,6 +462,7 @@ async fn run(cli: Cli) -> Result<()> {
                     spec.mode = mode;
                     spec.flush = flush;
                     spec.replication = replication;
+                    spec.placement = placement;
                     spec.block_size = match (block_size, mode) {
                         (Some(b), _) => Some(u32::try_from(b).unwrap_or(u32::MAX)),
                         // A log volume rewrites whole blocks under small
@@ -888,6 +923,11 @@ fn print_status(s: &ClusterStatus) {
         s.tlt_version,
         s.tlt_rows
     );
+    if !s.sections.is_empty() {
+        let parts: Vec<String> =
+            s.sections.iter().map(|x| format!("{} {} rows", x.placement, x.len)).collect();
+        println!("placements: {}", parts.join(", "));
+    }
     if s.fully_replicated() {
         println!("replication: every row has all {} members alive and complete", s.replication);
     } else {

@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
 use blizzard_core::units::format_size;
+use blizzard_core::Placement;
 use blizzard_env::Env;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, S3Spec, VolumeSpec};
 
@@ -59,6 +60,13 @@ pub(crate) enum VolumeCmd {
         flush: FlushPolicy,
         #[arg(long, default_value_t = 1)]
         replication: u8,
+        /// Where the replicas live (design 0009): any (every disk), ssd,
+        /// hdd (slow disks, no journals) or hybrid (the primary on ssd, the
+        /// backups on hdd behind their journals; reads go to the primary).
+        /// ssd, hdd and hybrid need a cluster first built over tractservers
+        /// of both classes.
+        #[arg(long, default_value = "any")]
+        placement: Placement,
         /// Striping unit (default 64KiB).
         #[arg(long, value_parser = size)]
         block_size: Option<u64>,
@@ -171,6 +179,7 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             mode,
             flush,
             replication,
+            placement,
             block_size,
             segment_tracts,
             meta,
@@ -188,6 +197,7 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             spec.mode = mode;
             spec.flush = flush;
             spec.replication = replication;
+            spec.placement = placement;
             spec.block_size = block_size.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
             spec.segment_tracts = segment_tracts;
             let mut made_dir = None;
@@ -265,6 +275,18 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             let client = connect(&env, &meta).await?;
             let sb = manage::info(&client, &name).await?;
             print_volume(&sb);
+            if let Ok(blob) = manage::find_blob(&client, &name).await {
+                let placement = Placement::of(blob.id());
+                let what = match placement {
+                    Placement::Any => "every disk, whatever its class",
+                    Placement::Ssd => "every replica on ssd",
+                    Placement::Hdd => "every replica on hdd, no journals",
+                    Placement::Hybrid => {
+                        "the primary on ssd, reads there; the backups on hdd behind journals"
+                    }
+                };
+                println!("placement    {placement}: {what}");
+            }
             if sb.backend.s3().is_some() {
                 print_s3_state(&env, &sb).await;
                 match blizzard_volume::lsvd::snapshots(&sb).await {

@@ -46,8 +46,16 @@ pub struct ClusterConfig {
     pub fill_bandwidth: u64,
     /// Per tractserver, bytes per second the scrubber checks (0: off).
     pub scrub_bandwidth: u64,
-    /// Tractservers of class hdd, each with a backup journal of this many
-    /// bytes beside its disk (`ts-N.journal`; design 0009).
+    /// How many tractservers (the last ones) are of class hdd, with
+    /// `hdd_model` as their disk and a backup journal of `journal_size`
+    /// each (design 0009); the others are ssd. A cluster of both classes
+    /// gets sections for placements ssd, hdd and hybrid. Zero, with a
+    /// `journal_size`, makes every tractserver hdd with a journal.
+    pub hdd_tractservers: usize,
+    /// The hdd tractservers' disk model (`None`: the real disk).
+    pub hdd_model: Option<DiskModel>,
+    /// Hdd tractservers each get a backup journal of this many bytes
+    /// beside their disk (`ts-N.journal`).
     pub journal_size: Option<u64>,
 }
 
@@ -67,6 +75,8 @@ impl ClusterConfig {
             disk_model: None,
             fill_bandwidth: 0,
             scrub_bandwidth: 0,
+            hdd_tractservers: 0,
+            hdd_model: None,
             journal_size: None,
         }
     }
@@ -245,11 +255,20 @@ impl Cluster {
         t.disk_model = self.cfg.disk_model.clone();
         t.fill_bandwidth = self.cfg.fill_bandwidth;
         t.scrub_bandwidth = self.cfg.scrub_bandwidth;
-        if let Some(size) = self.cfg.journal_size {
+        let hdd = match self.cfg.hdd_tractservers {
+            0 => self.cfg.journal_size.is_some(),
+            n => i + n >= self.cfg.tractservers,
+        };
+        if hdd {
             t.class = blizzard_core::DiskClass::Hdd;
-            let mut jc = ts::JournalConfig::new(self.cfg.data_dir.join(format!("ts-{i}.journal")));
-            jc.create_size = Some(size);
-            t.journal = Some(jc);
+            if self.cfg.hdd_tractservers > 0 {
+                t.disk_model = self.cfg.hdd_model.clone();
+            }
+            if let Some(size) = self.cfg.journal_size {
+                let mut jc = ts::JournalConfig::new(self.cfg.data_dir.join(format!("ts-{i}.journal")));
+                jc.create_size = Some(size);
+                t.journal = Some(jc);
+            }
         }
         let h = ts::start(self.env.clone(), t)
             .await

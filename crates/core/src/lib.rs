@@ -12,4 +12,4 @@ pub mod tlt;
 pub mod units;
 
 pub use ids::{BlobId, Incarnation, TractNo, TsId};
-pub use tlt::{DiskClass, Pending, Tlt, TltMember, TltRow};
+pub use tlt::{DiskClass, Pending, Placement, Tlt, TltMember, TltRow, TltSection};

@@ -1,8 +1,20 @@
 //! The tract locator table (FDS §2.2, §3.3): rows of tractservers, each row
 //! with a version. A client finds tract `i` of blob `g` in row
-//! `(hash(g) + i) mod len` by arithmetic alone; the metadata server is never
-//! on the data path. Building the table is the metadata server's business
-//! (`blizzard-metaserver::tlt_builder`); this module only reads it.
+//! `start + (hash(g) + i) mod len` by arithmetic alone; the metadata server
+//! is never on the data path. Building the table is the metadata server's
+//! business (`blizzard-metaserver::tlt_builder`); this module only reads it.
+//!
+//! **Sections and placements** (Ursa §3.1, design 0009). A table built over
+//! disks of both classes is a concatenation of sections, one per
+//! [`Placement`]: `any` (every disk, as FDS builds it; always first, from
+//! row 0), `ssd`, `hdd` and `hybrid` (an ssd primary, hdd backups). A blob's
+//! placement is written in its id ([`Placement::of`]), so every party —
+//! client, tractserver, metadata server — finds a tract's row from the id
+//! and the table alone, as before. A table without sections (every table
+//! of a single-class cluster, and every table built before sections
+//! existed) is one `any` section: placement arithmetic there is unchanged.
+//! Sections are fixed when the table is first built; rows change members,
+//! never sections, so a blob never moves.
 
 use crate::ids::{BlobId, TractNo, TsId};
 use crate::limits::{NAME_LEN_MAX, REPLICATION_MAX, TLT_MEMBERS_MAX, TLT_ROWS_MAX};
@@ -43,6 +55,174 @@ impl std::str::FromStr for DiskClass {
             _ => Err(format!("unknown disk class {s:?}: give ssd or hdd")),
         }
     }
+}
+
+/// Where a blob's replicas live: which section of the table its tracts map
+/// to, and so which class of disk each column of its rows must be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Placement {
+    /// Every disk, whatever its class (the table FDS builds).
+    #[default]
+    Any = 0,
+    /// Every replica on a fast disk.
+    Ssd = 1,
+    /// Every replica on a slow disk, and no backup journal: the cheapest,
+    /// slowest tier.
+    Hdd = 2,
+    /// The primary (column 0) on a fast disk, the backups on slow disks
+    /// behind their journals (Ursa §3.1); reads go to the primary.
+    Hybrid = 3,
+}
+
+/// The top 16 bits of a placed blob id: `PLACEMENT_MARK | placement`.
+/// Part of the placement contract, like [`blob_hash`]. An id whose top
+/// bits are anything else is placed `any`, which is every id made before
+/// placements existed (a random id carries a mark by chance once in 16,384
+/// and is then simply placed there, consistently for every party).
+const PLACEMENT_MARK: u16 = 0x5ec0;
+const PLACEMENT_SHIFT: u32 = 112;
+
+impl Placement {
+    pub const ALL: [Placement; 4] = [Placement::Any, Placement::Ssd, Placement::Hdd, Placement::Hybrid];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Any => "any",
+            Placement::Ssd => "ssd",
+            Placement::Hdd => "hdd",
+            Placement::Hybrid => "hybrid",
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<Placement> {
+        Placement::ALL.get(v as usize).copied()
+    }
+
+    /// The class of disk column `col` of this placement's rows must be
+    /// (`None`: any).
+    pub fn column_class(self, col: usize) -> Option<DiskClass> {
+        match self {
+            Placement::Any => None,
+            Placement::Ssd => Some(DiskClass::Ssd),
+            Placement::Hdd => Some(DiskClass::Hdd),
+            Placement::Hybrid if col == 0 => Some(DiskClass::Ssd),
+            Placement::Hybrid => Some(DiskClass::Hdd),
+        }
+    }
+
+    /// The placement written in a blob's id.
+    pub fn of(blob: BlobId) -> Placement {
+        let top = (blob.0 >> PLACEMENT_SHIFT) as u16;
+        if top & !3 == PLACEMENT_MARK {
+            Placement::ALL[(top & 3) as usize]
+        } else {
+            Placement::Any
+        }
+    }
+
+    /// `blob` with this placement written in its top 16 bits. An `any`
+    /// id is returned unchanged unless it carries another placement's mark.
+    pub fn place(self, blob: BlobId) -> BlobId {
+        if self == Placement::Any && Placement::of(blob) == Placement::Any {
+            return blob;
+        }
+        let low = blob.0 & ((1u128 << PLACEMENT_SHIFT) - 1);
+        BlobId(low | (u128::from(PLACEMENT_MARK | self as u16) << PLACEMENT_SHIFT))
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Placement, String> {
+        Placement::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown placement {s:?}: give any, ssd, hdd or hybrid"))
+    }
+}
+
+/// A run of rows serving one placement: rows `start .. start + len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TltSection {
+    pub placement: Placement,
+    pub start: u32,
+    pub len: u32,
+}
+
+impl TltSection {
+    pub fn rows(&self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+}
+
+/// The rows of `placement` in a table of `total` rows laid out as
+/// `sections` (empty: one `any` section). A placement the table has no
+/// section for falls back to `any`, so an id that carries a mark by chance
+/// is still found; creating a placed blob checks the section exists first.
+pub fn section_rows(sections: &[TltSection], total: usize, placement: Placement) -> std::ops::Range<usize> {
+    sections
+        .iter()
+        .find(|s| s.placement == placement)
+        .or_else(|| sections.iter().find(|s| s.placement == Placement::Any))
+        .map_or(0..total, |s| s.rows())
+}
+
+/// The row of `tract` of `blob` in a table of `total` rows laid out as
+/// `sections`: the locator inside the section of the blob's placement.
+/// Tractservers use this with the layout of their assignment, clients with
+/// their table's.
+pub fn locate_in(sections: &[TltSection], total: usize, blob: BlobId, tract: TractNo) -> usize {
+    let rows = section_rows(sections, total, Placement::of(blob));
+    rows.start + locator(blob, tract, rows.len())
+}
+
+/// A table's shape as a tractserver knows it from its assignment: how many
+/// rows, laid out how. Enough to find any tract's row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowLayout {
+    pub total: usize,
+    pub sections: Vec<TltSection>,
+}
+
+impl RowLayout {
+    /// The row of `tract` of `blob`; `None` before any table is known.
+    pub fn locate(&self, blob: BlobId, tract: TractNo) -> Option<u32> {
+        (self.total > 0).then(|| locate_in(&self.sections, self.total, blob, tract) as u32)
+    }
+}
+
+/// Checks a layout: empty, or sections in row order covering `0..total`
+/// exactly, the first `any`, each placement at most once, none empty.
+pub fn validate_sections(sections: &[TltSection], total: usize) -> Result<(), TltError> {
+    if sections.is_empty() {
+        return Ok(());
+    }
+    if sections[0].placement != Placement::Any {
+        return Err(TltError::BadSections("the first section must be placement any".into()));
+    }
+    let mut next = 0u64;
+    for (i, s) in sections.iter().enumerate() {
+        if s.len == 0 || u64::from(s.start) != next {
+            return Err(TltError::BadSections(format!(
+                "section {i} ({}) is empty or not contiguous",
+                s.placement
+            )));
+        }
+        if sections[..i].iter().any(|t| t.placement == s.placement) {
+            return Err(TltError::BadSections(format!("placement {} has two sections", s.placement)));
+        }
+        next += u64::from(s.len);
+    }
+    if next != total as u64 {
+        return Err(TltError::BadSections(format!("sections cover {next} rows of {total}")));
+    }
+    Ok(())
 }
 
 /// One tractserver named by the table.
@@ -104,6 +284,8 @@ pub struct Tlt {
     pub version: u64,
     pub members: Vec<TltMember>,
     pub rows: Vec<TltRow>,
+    /// The table's layout by placement; empty: all rows are `any`.
+    pub sections: Vec<TltSection>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -126,6 +308,8 @@ pub enum TltError {
     BadPending { row: usize, column: u8 },
     #[error("TLT member name or address is too long")]
     NameTooLong,
+    #[error("TLT sections are malformed: {0}")]
+    BadSections(String),
 }
 
 /// Stable 64-bit hash of a blob id, which randomizes each blob's starting
@@ -173,6 +357,7 @@ impl Tlt {
         if self.members.iter().any(|m| m.addr.len() > NAME_LEN_MAX || m.domain.len() > NAME_LEN_MAX) {
             return Err(TltError::NameTooLong);
         }
+        validate_sections(&self.sections, self.rows.len())?;
         let want = self.replication as usize;
         for (i, row) in self.rows.iter().enumerate() {
             if row.members.len() != want {
@@ -203,7 +388,23 @@ impl Tlt {
 
     /// The row index holding `tract` of `blob`.
     pub fn locate(&self, blob: BlobId, tract: TractNo) -> usize {
-        locator(blob, tract, self.rows.len())
+        locate_in(&self.sections, self.rows.len(), blob, tract)
+    }
+
+    /// Whether blobs can be placed so: `any` always, the others only in a
+    /// table built with their section.
+    pub fn has_placement(&self, placement: Placement) -> bool {
+        placement == Placement::Any || self.sections.iter().any(|s| s.placement == placement)
+    }
+
+    /// The placement whose section holds `row`.
+    pub fn row_placement(&self, row: usize) -> Placement {
+        self.sections.iter().find(|s| s.rows().contains(&row)).map_or(Placement::Any, |s| s.placement)
+    }
+
+    /// The class of disk column `col` of `row` must be (`None`: any).
+    pub fn column_class(&self, row: usize, col: usize) -> Option<DiskClass> {
+        self.row_placement(row).column_class(col)
     }
 
     /// Tractservers of row `row`, primary first.
@@ -252,6 +453,7 @@ mod tests {
             version: 1,
             members: vec![m(1), m(2)],
             rows: vec![TltRow::new(1, vec![0, 1])],
+            sections: Vec::new(),
         };
         assert_eq!(t.validate(), Ok(()));
         t.members.push(m(3));
@@ -272,5 +474,55 @@ mod tests {
         assert!(matches!(t.validate(), Err(TltError::RowWidth { .. })));
         t.rows.clear();
         assert_eq!(t.validate(), Err(TltError::Empty));
+    }
+
+    /// A placement survives in the id, every other bit of the id is kept,
+    /// and ids without a mark (all ids made before placements) are `any`.
+    #[test]
+    fn placement_is_written_in_the_id() {
+        for raw in [0u128, 42, u128::MAX, 0x1234_5678_9abc_def0_1122_3344_5566_7788] {
+            let id = BlobId(raw);
+            for p in Placement::ALL {
+                let placed = p.place(id);
+                assert_eq!(Placement::of(placed), p);
+                assert_eq!(placed.0 & ((1 << 112) - 1), raw & ((1 << 112) - 1));
+                assert_eq!(p.place(placed), placed, "placing twice changes nothing");
+            }
+        }
+        assert_eq!(Placement::Any.place(BlobId(42)), BlobId(42));
+        assert_eq!(Placement::of(BlobId(0x5ec1 << 112)), Placement::Ssd);
+        assert_eq!(Placement::of(BlobId(0x5ec4 << 112)), Placement::Any);
+        for p in Placement::ALL {
+            assert_eq!(p.name().parse::<Placement>(), Ok(p));
+        }
+    }
+
+    /// Each placement's blobs walk only their own section; an id placed
+    /// where the table has no section falls back to `any`.
+    #[test]
+    fn sections_confine_their_blobs() {
+        let sections = [
+            TltSection { placement: Placement::Any, start: 0, len: 10 },
+            TltSection { placement: Placement::Hybrid, start: 10, len: 6 },
+        ];
+        assert_eq!(validate_sections(&sections, 16), Ok(()));
+        for raw in 0..200u128 {
+            let any = BlobId(raw * 7919);
+            let hybrid = Placement::Hybrid.place(any);
+            let ssd = Placement::Ssd.place(any);
+            for t in -1..20 {
+                assert!(locate_in(&sections, 16, any, TractNo(t)) < 10);
+                assert!((10..16).contains(&locate_in(&sections, 16, hybrid, TractNo(t))));
+                assert!(locate_in(&sections, 16, ssd, TractNo(t)) < 10);
+                // No sections: the FDS locator over the whole table.
+                assert_eq!(locate_in(&[], 16, hybrid, TractNo(t)), locator(hybrid, TractNo(t), 16));
+            }
+        }
+        assert!(validate_sections(&sections, 17).is_err());
+        assert!(validate_sections(&sections[1..], 6).is_err(), "any must come first");
+        let twice = [sections[0], TltSection { placement: Placement::Any, start: 10, len: 6 }];
+        assert!(validate_sections(&twice, 16).is_err());
+        let gap = [sections[0], TltSection { placement: Placement::Hdd, start: 11, len: 5 }];
+        assert!(validate_sections(&gap, 16).is_err());
     }
 }

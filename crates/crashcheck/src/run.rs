@@ -290,6 +290,7 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
         block_size: Some(cfg.block_size),
         segment_tracts: cfg.segment_tracts,
         exposure: ExposureLimits { bytes_max: 2 << 20, writes_max: 64, age_ms_max: 1000 },
+        placement: Default::default(),
     };
     let rt = runtime();
     let log = rt.block_on(async {

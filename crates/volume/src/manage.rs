@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use blizzard_client::{Client, ClientError};
-use blizzard_core::BlobId;
+use blizzard_client::{Blob, Client, ClientError};
+use blizzard_core::{BlobId, Placement};
 use blizzard_env::Env;
 
 use crate::io::{BlobIo, ClientBlobIo};
@@ -33,6 +33,25 @@ pub fn blob_id(name: &str) -> BlobId {
         h = h.wrapping_mul(PRIME);
     }
     BlobId(h)
+}
+
+/// The blob of the volume called `name`, under whichever placement it was
+/// created with (design 0009: the placement is written in the blob's id,
+/// so a volume placed `hybrid` lives at `Placement::Hybrid.place(blob_id
+/// (name))`). `any` is tried first, then the placements the cluster's table
+/// has sections for: one request more per placement tried.
+pub async fn find_blob(client: &Client, name: &str) -> Result<Blob, ClientError> {
+    let id = blob_id(name);
+    let tlt = client.tlt();
+    let mut last = ClientError::NoSuchBlob(id);
+    for p in Placement::ALL.into_iter().filter(|p| tlt.has_placement(*p)) {
+        match client.open_blob(p.place(id)).await {
+            Ok(b) => return Ok(b),
+            Err(ClientError::NoSuchBlob(_)) => {}
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn not_found(name: &str) -> impl Fn(ClientError) -> VolumeError + '_ {
@@ -95,20 +114,35 @@ async fn create_with(
         Ok(l) => l,
         // Held because it exists and is open: say it exists.
         Err(e @ VolumeError::Held { .. }) => {
-            return Err(match client.open_blob(id).await {
+            return Err(match find_blob(client, &spec.name).await {
                 Ok(_) => VolumeError::Exists(spec.name.clone()),
                 Err(_) => e,
             })
         }
         Err(e) => return Err(e),
     };
-    let blob = match client.create_blob(Some(id), spec.replication).await.map_err(not_found(&spec.name)) {
+    // One volume per name, whatever its placement: the lease (on the
+    // name's `any` id) serializes creators, this finds an earlier one.
+    let existing = match find_blob(client, &spec.name).await {
+        Ok(_) => Err(VolumeError::Exists(spec.name.clone())),
+        Err(ClientError::NoSuchBlob(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    };
+    let created = match existing {
+        Ok(()) => client
+            .create_placed_blob(Some(id), spec.replication, spec.placement)
+            .await
+            .map_err(not_found(&spec.name)),
+        Err(e) => Err(e),
+    };
+    let blob = match created {
         Ok(b) => b,
         Err(e) => {
             let _ = lease.release().await;
             return Err(e);
         }
     };
+    let placed = blob.id();
     let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease.clone());
     let made = match s3 {
         None => Volume::format(env, io, spec).await,
@@ -118,7 +152,7 @@ async fn create_with(
         Ok(v) => Ok(v),
         Err(e) => {
             // Do not leave a half-made volume behind.
-            let _ = client.delete_blob(id).await;
+            let _ = client.delete_blob(placed).await;
             let _ = lease.release().await;
             Err(e)
         }
@@ -150,7 +184,7 @@ pub async fn open_as(
     planted: PlantedBug,
 ) -> Result<Volume, VolumeError> {
     let id = blob_id(name);
-    let blob = client.open_blob(id).await.map_err(not_found(name))?;
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
     let lease = Lease::acquire(env.clone(), client.clone(), id, name, writer).await?;
     let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease.clone());
     match Volume::open(env, io, planted).await {
@@ -165,7 +199,7 @@ pub async fn open_as(
 /// The superblock of the volume called `name`, read without opening it:
 /// nothing is written, and a process writing the volume is not disturbed.
 pub async fn info(client: &Client, name: &str) -> Result<Superblock, VolumeError> {
-    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
     let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
     Volume::inspect(&io).await
 }
@@ -173,7 +207,7 @@ pub async fn info(client: &Client, name: &str) -> Result<Superblock, VolumeError
 /// Opens the volume called `name` to read it as its blob holds it, without
 /// claiming it (`Volume::open_read_only`): a process writing it carries on.
 pub async fn open_read_only(client: &Client, name: &str) -> Result<Volume, VolumeError> {
-    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
     Volume::open_read_only(ClientBlobIo::new(blob)).await
 }
 
@@ -192,7 +226,7 @@ pub async fn list(client: &Client) -> Result<Vec<Superblock>, VolumeError> {
         let head = blob.read(0, 0, 2 * SUPERBLOCK_COPY_LEN).await?;
         let n = SUPERBLOCK_COPY_LEN as usize;
         if let Ok(sb) = Superblock::pick(&head[..n], &head[n..]) {
-            if blob_id(&sb.name) == meta.blob {
+            if Placement::of(meta.blob).place(blob_id(&sb.name)) == meta.blob {
                 out.push(sb);
             }
         }
@@ -221,7 +255,8 @@ pub async fn resize(
 /// refused, naming the holder.
 pub async fn delete(env: Env, client: &Client, name: &str) -> Result<(), VolumeError> {
     let id = blob_id(name);
-    let blob = client.open_blob(id).await.map_err(not_found(name))?;
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
+    let placed = blob.id();
     let lease = Lease::acquire(env.clone(), client.clone(), id, name, &Writer::new(&env)).await?;
     let r = async {
         let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
@@ -232,7 +267,7 @@ pub async fn delete(env: Env, client: &Client, name: &str) -> Result<(), VolumeE
                 crate::lsvd::delete(&env, &sb).await?;
             }
         }
-        client.delete_blob(id).await.map_err(not_found(name))
+        client.delete_blob(placed).await.map_err(not_found(name))
     }
     .await;
     let _ = lease.release().await;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use blizzard_core::Placement;
 use blizzard_env::Env;
 
 use crate::cache::Data;
@@ -39,6 +40,8 @@ pub struct VolumeSpec {
     pub block_size: Option<u32>,
     pub segment_tracts: u32,
     pub exposure: ExposureLimits,
+    /// Where its replicas live (design 0009): `any` unless asked.
+    pub placement: Placement,
 }
 
 impl VolumeSpec {
@@ -52,6 +55,7 @@ impl VolumeSpec {
             block_size: None,
             segment_tracts: 128,
             exposure: ExposureLimits::default(),
+            placement: Placement::Any,
         }
     }
 }

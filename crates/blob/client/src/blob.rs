@@ -23,7 +23,7 @@ use bytes::Bytes;
 use blizzard_core::crc::{first_bad_piece, piece_crcs};
 use blizzard_core::limits::CHUNK_SIZE;
 use blizzard_core::reconcile::{plan, ChunkState, Plan, Reconciled, RepairAction};
-use blizzard_core::{BlobId, Incarnation, TractNo};
+use blizzard_core::{BlobId, Incarnation, Placement, TractNo};
 use blizzard_proto::{BlobMeta, ErrorCode, ExtendMode, Reply, Request, TractAddr};
 
 use crate::client::{classify, Client, ClientError, Failed, Next};
@@ -280,8 +280,14 @@ impl Blob {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let req = Request::ReadTract { addr: self.addr(tract, row.version), offset, len };
             let members: Vec<u32> = row.members.iter().take(r).copied().collect();
-            // Start at a random replica so reads spread over the row.
-            let start = c.env().random_below(members.len().max(1) as u64) as usize;
+            // Start at a random replica so reads spread over the row; a
+            // hybrid blob's primary is the fast disk, so its reads start
+            // there and fall back to the slow backups (Ursa §3.1).
+            let start = if Placement::of(self.id()) == Placement::Hybrid {
+                0
+            } else {
+                c.env().random_below(members.len().max(1) as u64) as usize
+            };
             let mut stale = false;
             let mut transient = false;
             let mut last = String::new();

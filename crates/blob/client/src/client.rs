@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use blizzard_core::tlt::Tlt;
-use blizzard_core::{BlobId, TractNo};
+use blizzard_core::{BlobId, Placement, TractNo};
 use blizzard_env::Env;
 use blizzard_proto::{BlobMeta, ClusterStatus, ErrorCode, ErrorReply, Reply, Request};
 use blizzard_rpc::{MetaService, RpcError};
@@ -439,13 +439,36 @@ impl Client {
     /// Creates a blob with the given id (or a random one) and replication
     /// level; it starts with 0 tracts.
     pub async fn create_blob(&self, id: Option<BlobId>, replication: u8) -> Result<Blob, ClientError> {
+        self.create_placed_blob(id, replication, Placement::Any).await
+    }
+
+    /// [`Client::create_blob`] with its replicas placed so (design 0009):
+    /// the placement is written into the id (`Placement::place`; the
+    /// returned blob's id is the one to open it by). Fails unless the
+    /// cluster's table has a section for the placement.
+    pub async fn create_placed_blob(
+        &self,
+        id: Option<BlobId>,
+        replication: u8,
+        placement: Placement,
+    ) -> Result<Blob, ClientError> {
         let max = self.max_replication();
         if replication == 0 || replication > max {
             return Err(ClientError::Invalid(format!(
                 "replication {replication} is outside 1..={max} (this cluster's maximum)"
             )));
         }
-        let blob = id.unwrap_or_else(|| BlobId(self.inner.env.random_u128()));
+        let tlt = self.tlt();
+        if !tlt.has_placement(placement) {
+            let have: Vec<&str> = tlt.sections.iter().map(|s| s.placement.name()).collect();
+            return Err(ClientError::Invalid(format!(
+                "this cluster cannot place blobs {placement}: its table has {} (a table gets ssd, hdd and \
+                 hybrid sections when it is first built over tractservers of both --class ssd and --class hdd); \
+                 use --placement any or one of those",
+                if have.is_empty() { "no placements but any".to_string() } else { have.join(", ") }
+            )));
+        }
+        let blob = placement.place(id.unwrap_or_else(|| BlobId(self.inner.env.random_u128())));
         let incarnation = self.inner.env.random_u64().max(1);
         let res = self
             .meta_call(blob, |row_version| Request::CreateBlob {

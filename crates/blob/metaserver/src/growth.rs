@@ -20,8 +20,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
+use std::ops::Range;
+
 use blizzard_core::tlt::Tlt;
-use blizzard_core::TsId;
+use blizzard_core::{DiskClass, Placement, TsId};
 
 /// One entry to move: `newcomer` becomes pending for `column` of `row`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,13 +36,50 @@ pub struct Move {
 /// Plans the entries `newcomers` take from the members of `t`. A row that
 /// already has a pending entry is left alone; entries already pending count
 /// as belonging to their newcomer. `domain` names each server's failure
-/// domain.
-pub fn plan(t: &Tlt, newcomers: &[TsId], domain: &dyn Fn(TsId) -> String, rng: &mut impl Rng) -> Vec<Move> {
+/// domain, `class` its disk's class (`None`: unknown, which fits only
+/// columns that take any class).
+///
+/// Each section of the table (`blizzard_core::tlt`, one per placement)
+/// grows on its own: a newcomer takes only columns its class may hold
+/// there, and its share is counted among the members that may hold the
+/// same columns (in a `hybrid` section a fast disk takes primaries from
+/// the other fast disks, a slow one backups from the other slow ones).
+pub fn plan(
+    t: &Tlt,
+    newcomers: &[TsId],
+    domain: &dyn Fn(TsId) -> String,
+    class: &dyn Fn(TsId) -> Option<DiskClass>,
+    rng: &mut impl Rng,
+) -> Vec<Move> {
+    let mut moves = Vec::new();
+    let total = t.rows.len();
+    let sections: Vec<(Placement, Range<usize>)> = if t.sections.is_empty() {
+        vec![(Placement::Any, 0..total)]
+    } else {
+        t.sections.iter().map(|s| (s.placement, s.rows())).collect()
+    };
+    for (placement, rows) in sections {
+        let fits = |id: TsId, c: usize| placement.column_class(c).is_none_or(|want| class(id) == Some(want));
+        plan_section(t, rows, newcomers, domain, &fits, rng, &mut moves);
+    }
+    moves
+}
+
+/// Growth inside the rows `range` of `t`, where `fits(server, column)`
+/// says whether a server may hold a column.
+fn plan_section(
+    t: &Tlt,
+    range: Range<usize>,
+    newcomers: &[TsId],
+    domain: &dyn Fn(TsId) -> String,
+    fits: &dyn Fn(TsId, usize) -> bool,
+    rng: &mut impl Rng,
+    moves: &mut Vec<Move>,
+) {
     let k = t.replication as usize;
-    let rows = t.rows.len();
+    let rows = range.len();
     // The owner of every position once pending entries commit.
-    let mut owner: Vec<Vec<TsId>> = t
-        .rows
+    let mut owner: Vec<Vec<TsId>> = t.rows[range.clone()]
         .iter()
         .map(|r| {
             (0..k)
@@ -52,7 +91,7 @@ pub fn plan(t: &Tlt, newcomers: &[TsId], domain: &dyn Fn(TsId) -> String, rng: &
                 .collect()
         })
         .collect();
-    let mut busy: Vec<bool> = t.rows.iter().map(|r| !r.pending.is_empty()).collect();
+    let mut busy: Vec<bool> = t.rows[range.clone()].iter().map(|r| !r.pending.is_empty()).collect();
     let mut load: BTreeMap<TsId, usize> = BTreeMap::new();
     let mut prim: BTreeMap<TsId, usize> = BTreeMap::new();
     for o in &owner {
@@ -63,14 +102,24 @@ pub fn plan(t: &Tlt, newcomers: &[TsId], domain: &dyn Fn(TsId) -> String, rng: &
             }
         }
     }
-    let newcomers: Vec<TsId> = newcomers.iter().copied().filter(|id| !load.contains_key(id)).collect();
-    let n = load.len() + newcomers.len();
-    if n == 0 || newcomers.is_empty() {
-        return Vec::new();
+    let newcomers: Vec<TsId> = newcomers
+        .iter()
+        .copied()
+        .filter(|id| !load.contains_key(id) && (0..k).any(|c| fits(*id, c)))
+        .collect();
+    if rows == 0 || newcomers.is_empty() {
+        return;
     }
-    let (want_total, want_prim) = (rows * k / n, rows / n);
-    let mut moves = Vec::new();
+    let held: Vec<TsId> = load.keys().copied().collect();
     for &me in &newcomers {
+        // The members that may hold the same columns as `me`, itself and
+        // the newcomers after it included: its share is theirs divided.
+        let same = |id: &TsId| (0..k).all(|c| fits(*id, c) == fits(me, c));
+        let group =
+            held.iter().filter(|id| same(id)).count() + newcomers.iter().filter(|id| same(id)).count();
+        let columns: Vec<usize> = (0..k).filter(|c| fits(me, *c)).collect();
+        let want_total = rows * columns.len() / group.max(1);
+        let want_prim = if fits(me, 0) { rows / group.max(1) } else { 0 };
         let mine = domain(me);
         // Rows shared with each other server so far.
         let mut partners: HashMap<TsId, usize> = HashMap::new();
@@ -92,7 +141,7 @@ pub fn plan(t: &Tlt, newcomers: &[TsId], domain: &dyn Fn(TsId) -> String, rng: &
                         continue;
                     }
                     let cols = if primaries { 0..1 } else { 1.min(k)..k };
-                    for c in cols {
+                    for c in cols.filter(|c| fits(me, *c)) {
                         let others = || o.iter().enumerate().filter(move |(j, _)| *j != c).map(|(_, id)| *id);
                         if others().any(|id| domain(id) == mine) {
                             continue;
@@ -136,11 +185,10 @@ pub fn plan(t: &Tlt, newcomers: &[TsId], domain: &dyn Fn(TsId) -> String, rng: &
                     *m.entry(donor).or_default() -= 1;
                     *m.entry(me).or_default() += 1;
                 }
-                moves.push(Move { row: r, column: c as u8, newcomer: me });
+                moves.push(Move { row: range.start + r, column: c as u8, newcomer: me });
             }
         }
     }
-    moves
 }
 
 /// The servers of `t` that hold no position at all (neither member nor
@@ -160,11 +208,17 @@ mod tests {
     use super::*;
     use crate::tlt_builder::{build_rows, BuildParams, BuilderMember};
     use blizzard_core::tlt::{Pending, TltMember, TltRow};
+    use blizzard_core::DiskClass;
     use rand::SeedableRng;
 
     fn table(n: usize, k: u8, seed: u64) -> Tlt {
         let members: Vec<BuilderMember> = (1..=n as u128)
-            .map(|i| BuilderMember { id: TsId(i), domain: format!("d{i}"), weight: 100 })
+            .map(|i| BuilderMember {
+                id: TsId(i),
+                domain: format!("d{i}"),
+                weight: 100,
+                class: DiskClass::Ssd,
+            })
             .collect();
         let params = BuildParams { replication: k, permutations: 20, weighted: false };
         let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
@@ -179,6 +233,7 @@ mod tests {
                 .map(|m| TltMember { id: m.id, addr: String::new(), domain: m.domain.clone() })
                 .collect(),
             rows: rows.into_iter().map(|m| TltRow::new(1, m)).collect(),
+            sections: Vec::new(),
         }
     }
 
@@ -217,6 +272,77 @@ mod tests {
         format!("d{}", id.0)
     }
 
+    /// A table over 3 ssd and 6 hdd, with its sections (design 0009).
+    fn mixed_table(seed: u64) -> (Tlt, BTreeMap<TsId, DiskClass>) {
+        let members: Vec<BuilderMember> = (1..=9u128)
+            .map(|i| BuilderMember {
+                id: TsId(i),
+                domain: format!("d{i}"),
+                weight: 100,
+                class: if i <= 3 { DiskClass::Ssd } else { DiskClass::Hdd },
+            })
+            .collect();
+        let params = BuildParams { replication: 3, permutations: 20, weighted: false };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let layout = crate::tlt_builder::build_layout(&members, &params, &mut rng).expect("table");
+        assert!(layout.skipped.is_empty(), "{:?}", layout.skipped);
+        let t = Tlt {
+            cluster_id: 1,
+            tract_size: 4096,
+            replication: 3,
+            version: 1,
+            members: members
+                .iter()
+                .map(|m| TltMember { id: m.id, addr: String::new(), domain: m.domain.clone() })
+                .collect(),
+            rows: layout.rows.into_iter().map(|m| TltRow::new(1, m)).collect(),
+            sections: layout.sections,
+        };
+        (t, members.iter().map(|m| (m.id, m.class)).collect())
+    }
+
+    /// Newcomers of each class grow each section only in the columns their
+    /// class may hold: the ssd one leads hybrid rows, the hdd one backs
+    /// them, both join the `any` rows.
+    #[test]
+    fn newcomers_grow_each_section_with_their_class() {
+        for seed in 0..5 {
+            let (mut t, mut classes) = mixed_table(seed);
+            classes.insert(TsId(100), DiskClass::Ssd);
+            classes.insert(TsId(101), DiskClass::Hdd);
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let class = |id: TsId| classes.get(&id).copied();
+            let moves = plan(&t, &[TsId(100), TsId(101)], &dom, &class, &mut rng);
+            commit(&mut t, &moves);
+            t.validate().expect("valid");
+            let mut took: BTreeMap<(TsId, Placement), usize> = BTreeMap::new();
+            for (r, row) in t.rows.iter().enumerate() {
+                for (c, &m) in row.members.iter().enumerate() {
+                    let id = t.members[m as usize].id;
+                    if let Some(want) = t.column_class(r, c) {
+                        assert_eq!(classes[&id], want, "seed {seed}: row {r} column {c}");
+                    }
+                    if id.0 >= 100 {
+                        *took.entry((id, t.row_placement(r))).or_default() += 1;
+                    }
+                }
+            }
+            for p in [Placement::Any, Placement::Hybrid] {
+                assert!(took.get(&(TsId(100), p)).is_some_and(|n| *n > 0), "seed {seed}: {took:?}");
+                assert!(took.get(&(TsId(101), p)).is_some_and(|n| *n > 0), "seed {seed}: {took:?}");
+            }
+            assert!(took.get(&(TsId(100), Placement::Ssd)).is_some_and(|n| *n > 0), "seed {seed}: {took:?}");
+            assert!(!took.contains_key(&(TsId(100), Placement::Hdd)), "seed {seed}: {took:?}");
+            assert!(!took.contains_key(&(TsId(101), Placement::Ssd)), "seed {seed}: {took:?}");
+            // In hybrid rows the ssd newcomer leads: its share of the
+            // primaries of the four fast disks.
+            let hybrid = t.sections.iter().find(|s| s.placement == Placement::Hybrid).expect("hybrid").rows();
+            let led =
+                hybrid.clone().filter(|r| t.members[t.rows[*r].members[0] as usize].id == TsId(100)).count();
+            assert_eq!(led, hybrid.len() / 4, "seed {seed}");
+        }
+    }
+
     /// Two newcomers joining 8 (3-way) and 4 (1-way) members end with their
     /// share of positions and primaries, and nobody is left far above it.
     #[test]
@@ -226,7 +352,7 @@ mod tests {
                 let mut t = table(n, k, seed);
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
                 let new = [TsId(100), TsId(101)];
-                let moves = plan(&t, &new, &dom, &mut rng);
+                let moves = plan(&t, &new, &dom, &|_| None, &mut rng);
                 commit(&mut t, &moves);
                 t.validate().expect("valid");
                 let (load, prim) = loads(&t);
@@ -254,7 +380,7 @@ mod tests {
     fn newcomer_pairs_widely() {
         let mut t = table(8, 3, 7);
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-        let moves = plan(&t, &[TsId(100)], &dom, &mut rng);
+        let moves = plan(&t, &[TsId(100)], &dom, &|_| None, &mut rng);
         commit(&mut t, &moves);
         let me = t.member_index(TsId(100)).expect("joined");
         let partners: BTreeSet<u32> = t
@@ -277,10 +403,16 @@ mod tests {
         t.rows[0].pending = vec![Pending { column: 1, member: 6 }];
         let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
         // TsId(100) already holds a pending entry: it is no spare.
-        assert!(plan(&t, &[TsId(100)], &|id| if id == TsId(100) { "d1".into() } else { dom(id) }, &mut rng)
-            .is_empty());
+        assert!(plan(
+            &t,
+            &[TsId(100)],
+            &|id| if id == TsId(100) { "d1".into() } else { dom(id) },
+            &|_| None,
+            &mut rng
+        )
+        .is_empty());
         let same_domain = |id: TsId| if id == TsId(200) { "d1".to_string() } else { dom(id) };
-        let moves = plan(&t, &[TsId(200)], &same_domain, &mut rng);
+        let moves = plan(&t, &[TsId(200)], &same_domain, &|_| None, &mut rng);
         assert!(!moves.is_empty());
         for mv in &moves {
             assert_ne!(mv.row, 0, "row 0 already has a pending entry");
@@ -308,7 +440,7 @@ mod tests {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
             let (before, _) = loads(&t);
             for nc in [TsId(100), TsId(101)] {
-                let moves = plan(&t, &[nc], &dom, &mut rng);
+                let moves = plan(&t, &[nc], &dom, &|_| None, &mut rng);
                 assert!(!moves.is_empty(), "seed {seed}: {nc} got nothing");
                 t.members.push(TltMember { id: nc, addr: String::new(), domain: dom(nc) });
                 let i = (t.members.len() - 1) as u32;

@@ -553,6 +553,7 @@ mod tests {
                 .map(|i| TltMember { id: TsId(i), addr: format!("ts{i}"), domain: format!("d{i}") })
                 .collect(),
             rows: row_versions.iter().map(|v| TltRow::new(*v, vec![0, 1])).collect(),
+            sections: Vec::new(),
         }
     }
 

@@ -14,10 +14,10 @@
 //! | filling done | a filling member reports the row's current version copied | the row's filling mark cleared, no new version |
 //! | pending takeover | a pending member (growth) reports the row copied | it takes its column: a new row version |
 //! | dead member, pending in its column | the column's pending member has been taking every write | it takes the column, still filling |
-//! | dead member replaced | a row names a dead member and has a complete live one | a live member takes the column (least copying, then fewest rows, never two per failure domain, not one busy growing), filling: a new row version |
-//! | stuck row | no complete member alive, or no live candidate outside the row's failure domains | left as is and counted ([`Plan::stuck`]): replacing it would lose data |
+//! | dead member replaced | a row names a dead member and has a complete live one | a live member takes the column (least copying, then fewest rows, never two per failure domain, not one busy growing, of the class the row's section asks for in that column: design 0009), filling: a new row version |
+//! | stuck row | no complete member alive, or no live candidate of the column's class outside the row's failure domains | left as is and counted ([`Plan::stuck`]): replacing it would lose data |
 //! | recovery off | rows name dead members | left as is (like Ceph's `noout`) |
-//! | growth | no row names a dead member and nothing else changes | live members holding no position join rows as pending members (`growth::plan`) |
+//! | growth | no row names a dead member and nothing else changes | live members holding no position join rows as pending members, each section's columns only by disks of their class (`growth::plan`) |
 //!
 //! Settling happens in the same assignment round as the row changes: a
 //! settled member is pushed its assignment under the new table, whose
@@ -116,6 +116,7 @@ pub(crate) fn assignment_for(tlt: &Tlt, filling: &Filling, id: TsId) -> Assignme
         replication: tlt.replication,
         tlt_len: tlt.rows.len() as u32,
         tlt_version: tlt.version,
+        sections: tlt.sections.clone(),
         rows: tlt
             .rows
             .iter()
@@ -172,6 +173,11 @@ impl View<'_> {
 
     fn id(&self, member: u32) -> TsId {
         self.tlt.members[member as usize].id
+    }
+
+    /// The class of disk a member declared (`None`: never heard from).
+    fn class_of(&self, id: &TsId) -> Option<DiskClass> {
+        self.members.get(id).map(|m| m.class)
     }
 
     fn domain_of(&self, id: &TsId) -> String {
@@ -254,6 +260,9 @@ pub(crate) fn check_change(
     {
         return Err("the cluster id, tract size, replication or row count changed".into());
     }
+    if next.sections != cur.sections {
+        return Err("the table's sections (placements) changed; they are fixed when it is first built".into());
+    }
     if next.version <= cur.version.max(tlt_floor) {
         return Err(format!(
             "table version {} is not above {} (current) and {tlt_floor} (handed out)",
@@ -276,6 +285,37 @@ pub(crate) fn check_change(
                 "row {i} changed members but its version {} is not above {} (current) and {floor} (handed out)",
                 new.version, old.version
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every member a change puts into a row (as member or pending
+/// member) has the class of disk the row's section asks for in its column
+/// (design 0009): a hybrid row's primary fast, its backups slow. Rows the
+/// change leaves alone are not judged; members whose class is unknown
+/// (`None`) neither.
+pub(crate) fn check_classes(
+    cur: &Tlt,
+    next: &Tlt,
+    class: &dyn Fn(TsId) -> Option<DiskClass>,
+) -> Result<(), String> {
+    for (i, new) in next.rows.iter().enumerate() {
+        if cur.rows.get(i).is_some_and(|old| old.members == new.members && old.pending == new.pending) {
+            continue;
+        }
+        let placed = new.members.iter().enumerate().map(|(c, &m)| (c, m));
+        let pending = new.pending.iter().map(|p| (p.column as usize, p.member));
+        for (col, m) in placed.chain(pending) {
+            let id = next.members[m as usize].id;
+            if let (Some(want), Some(has)) = (next.column_class(i, col), class(id)) {
+                if want != has {
+                    return Err(format!(
+                        "row {i} ({}) puts {id}, an {has} disk, in column {col}, which needs {want}",
+                        next.row_placement(i)
+                    ));
+                }
+            }
         }
     }
     Ok(())
@@ -416,6 +456,9 @@ fn row_changes(
                 .filter(|(c, _)| *c != col)
                 .map(|(_, id)| v.domain_of(id))
                 .collect();
+            // The row's section may ask for a class of disk in this
+            // column (a hybrid row: a fast primary, slow backups).
+            let want = cur.column_class(i, col);
             let cands: Vec<TsId> = live
                 .iter()
                 .copied()
@@ -424,6 +467,7 @@ fn row_changes(
                         && !new_pend.iter().any(|(_, p)| p == id)
                         && !growing.contains(id)
                         && !taken.contains(&v.domain_of(id))
+                        && want.is_none_or(|c| v.class_of(id) == Some(c))
                 })
                 .collect();
             let load = |id: &TsId| {
@@ -454,7 +498,7 @@ fn row_changes(
     let degraded = cur.rows.iter().any(|r| r.members.iter().any(|&m| dead.contains(&v.id(m))));
     if changes.is_empty() && !degraded && rules.grow {
         let spares = crate::growth::spares(cur, live);
-        let moves = crate::growth::plan(cur, &spares, &|id| v.domain_of(&id), rng);
+        let moves = crate::growth::plan(cur, &spares, &|id| v.domain_of(&id), &|id| v.class_of(&id), rng);
         let mut by_row: BTreeMap<usize, Vec<crate::growth::Move>> = BTreeMap::new();
         for mv in &moves {
             by_row.entry(mv.row).or_default().push(*mv);

@@ -35,7 +35,7 @@ use crate::machine::{MetaOp, RowFilling};
 use crate::plan::{self, assignment_for, Filling, Member, RowChange, Rules, View};
 use crate::replica::done;
 use crate::server::{lock, MetaError, MetaPlant, MetaServer};
-use crate::tlt_builder::{build_rows, BuildParams, BuilderMember};
+use crate::tlt_builder::{build_layout, BuildParams, BuilderMember};
 
 /// The member states a change starts from (recorded by its `Reserve`).
 #[derive(Clone, Debug, Default)]
@@ -180,7 +180,12 @@ impl MetaServer {
         let ids: Vec<TsId> = members.keys().copied().collect();
         let builder: Vec<BuilderMember> = members
             .iter()
-            .map(|(id, m)| BuilderMember { id: *id, domain: m.domain.clone(), weight: m.disk_mbps })
+            .map(|(id, m)| BuilderMember {
+                id: *id,
+                domain: m.domain.clone(),
+                weight: m.disk_mbps,
+                class: m.class,
+            })
             .collect();
         let params = BuildParams {
             replication: self.cfg.replication,
@@ -188,8 +193,11 @@ impl MetaServer {
             weighted: self.cfg.weighted,
         };
         let mut rng = rand::rngs::SmallRng::seed_from_u64(self.env.random_u64());
-        let rows =
-            build_rows(&builder, &params, &mut rng).map_err(|e| MetaError::BadChange(e.to_string()))?;
+        let layout =
+            build_layout(&builder, &params, &mut rng).map_err(|e| MetaError::BadChange(e.to_string()))?;
+        for why in &layout.skipped {
+            tracing::warn!("{why}");
+        }
         // Above anything a predecessor reserved for a first table it never
         // served (1 on a new group).
         let version =
@@ -206,7 +214,8 @@ impl MetaServer {
                     TltMember { id: *id, addr: m.addr.clone(), domain: m.domain.clone() }
                 })
                 .collect(),
-            rows: rows.into_iter().map(|members| TltRow::new(version, members)).collect(),
+            rows: layout.rows.into_iter().map(|members| TltRow::new(version, members)).collect(),
+            sections: layout.sections,
         };
         tlt.validate().map_err(|e| MetaError::BadChange(e.to_string()))?;
         let reserve = MetaOp::Reserve {
@@ -286,6 +295,7 @@ impl MetaServer {
                         .collect(),
                 })
                 .collect(),
+            sections: newest.sections.clone(),
         };
         tlt.validate()
             .map_err(|e| MetaError::BadChange(format!("reported assignments are inconsistent: {e}")))?;
@@ -477,7 +487,9 @@ impl MetaServer {
         // change is logged and retried next round, never served.
         let floors: HashMap<usize, u64> = floors.into_iter().collect();
         if self.cfg.plant != MetaPlant::ForgetRowBump {
+            let class = |id: TsId| members.get(&id).map(|m| m.class);
             plan::check_change(cur, &t, &floors, tlt_floor)
+                .and_then(|()| plan::check_classes(cur, &t, &class))
                 .map_err(|e| MetaError::BadChange(format!("invariant violated, change not served: {e}")))?;
         }
         // A dead member cannot store anything: it is told to stop serving

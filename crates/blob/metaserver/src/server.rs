@@ -508,6 +508,7 @@ impl MetaServer {
             replication: t.map(|t| t.replication).unwrap_or(self.cfg.replication),
             tlt_version: t.map(|t| t.version).unwrap_or(0),
             tlt_rows: t.map(|t| t.rows.len() as u32).unwrap_or(0),
+            sections: t.map(|t| t.sections.clone()).unwrap_or_default(),
             members,
             rows_filling: filling.values().filter(|f| !f.is_empty()).count() as u32,
             rows_degraded: t.map_or(0, |t| {

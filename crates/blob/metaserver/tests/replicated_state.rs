@@ -86,6 +86,7 @@ fn table(version: u64, row_version: u64) -> Tlt {
             .map(|i| TltMember { id: TsId(i), addr: format!("ts{i}"), domain: format!("d{i}") })
             .collect(),
         rows: vec![TltRow::new(row_version, vec![0, 1]), TltRow::new(row_version, vec![1, 2])],
+        sections: Vec::new(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! assignments it pushes to tractservers, their heartbeats, the table it
 //! serves, the cluster's status, and volume leases.
 
-use blizzard_core::tlt::{Pending, Tlt, TltMember, TltRow};
+use blizzard_core::tlt::{locate_in, Pending, Placement, RowLayout, Tlt, TltMember, TltRow, TltSection};
 use blizzard_core::{BlobId, DiskClass, TractNo, TsId};
 
 use crate::codec::{DecodeError, Reader, Wire, Writer};
@@ -84,15 +84,44 @@ pub struct Assignment {
     pub tlt_len: u32,
     pub tlt_version: u64,
     pub rows: Vec<AssignedRow>,
+    /// The table's layout by placement (`Tlt::sections`): a tractserver
+    /// finds a tract's row with it, as clients do.
+    pub sections: Vec<TltSection>,
 }
-wire_struct!(Assignment {
-    cluster_id: u128,
-    tract_size: u32,
-    replication: u8,
-    tlt_len: u32,
-    tlt_version: u64,
-    rows: Vec<AssignedRow>,
-});
+impl Assignment {
+    /// The table's shape as this assignment gives it.
+    pub fn layout(&self) -> RowLayout {
+        RowLayout { total: self.tlt_len as usize, sections: self.sections.clone() }
+    }
+
+    /// The row of `tract` of `blob`; `None` without a table.
+    pub fn locate(&self, blob: BlobId, tract: TractNo) -> Option<u32> {
+        (self.tlt_len > 0).then(|| locate_in(&self.sections, self.tlt_len as usize, blob, tract) as u32)
+    }
+}
+
+impl Wire for Assignment {
+    const MIN_LEN: usize = 16 + 4 + 1 + 4 + 8 + 4;
+    fn put(&self, w: &mut Writer) {
+        self.cluster_id.put(w);
+        self.tract_size.put(w);
+        put_replication(self.replication, &self.sections, w);
+        self.tlt_len.put(w);
+        self.tlt_version.put(w);
+        self.rows.put(w);
+        put_sections(&self.sections, w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let cluster_id = u128::get(r)?;
+        let tract_size = u32::get(r)?;
+        let (replication, layout) = get_replication(r)?;
+        let tlt_len = u32::get(r)?;
+        let tlt_version = u64::get(r)?;
+        let rows = Vec::get(r)?;
+        let sections = if layout { Vec::get(r)? } else { Vec::new() };
+        Ok(Assignment { cluster_id, tract_size, replication, tlt_len, tlt_version, rows, sections })
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Heartbeat {
@@ -247,6 +276,8 @@ pub struct ClusterStatus {
     pub rows_degraded: u32,
     /// Volumes held for writing (design 0007).
     pub leases: Vec<VolumeLease>,
+    /// The table's sections by placement (empty: every row is `any`).
+    pub sections: Vec<TltSection>,
 }
 wire_struct!(ClusterStatus {
     phase: String,
@@ -259,6 +290,7 @@ wire_struct!(ClusterStatus {
     rows_filling: u32,
     rows_degraded: u32,
     leases: Vec<VolumeLease>,
+    sections: Vec<TltSection>,
 });
 
 impl ClusterStatus {
@@ -271,14 +303,69 @@ impl ClusterStatus {
 wire_struct!(TltMember { id: TsId, addr: String, domain: String });
 wire_struct!(Pending { column: u8, member: u32 });
 wire_struct!(TltRow { version: u64, members: Vec<u32>, pending: Vec<Pending> });
-wire_struct!(Tlt {
-    cluster_id: u128,
-    tract_size: u32,
-    replication: u8,
-    version: u64,
-    members: Vec<TltMember>,
-    rows: Vec<TltRow>,
-});
+impl Wire for Tlt {
+    const MIN_LEN: usize = 16 + 4 + 1 + 8 + 4 + 4;
+    fn put(&self, w: &mut Writer) {
+        self.cluster_id.put(w);
+        self.tract_size.put(w);
+        put_replication(self.replication, &self.sections, w);
+        self.version.put(w);
+        self.members.put(w);
+        self.rows.put(w);
+        put_sections(&self.sections, w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let cluster_id = u128::get(r)?;
+        let tract_size = u32::get(r)?;
+        let (replication, layout) = get_replication(r)?;
+        let version = u64::get(r)?;
+        let members = Vec::get(r)?;
+        let rows = Vec::get(r)?;
+        let sections = if layout { Vec::get(r)? } else { Vec::new() };
+        Ok(Tlt { cluster_id, tract_size, replication, version, members, rows, sections })
+    }
+}
+
+/// A table or assignment with sections sets this bit in its replication
+/// byte and carries the sections after its rows. One without sections is
+/// encoded exactly as before sections existed, so the tables and
+/// assignments tractservers and metadata replicas stored then still decode
+/// (replication is at most 16, so the bit was always clear).
+const LAYOUT_FLAG: u8 = 0x80;
+
+fn put_replication(replication: u8, sections: &[TltSection], w: &mut Writer) {
+    let flag = if sections.is_empty() { 0 } else { LAYOUT_FLAG };
+    (replication | flag).put(w)
+}
+
+fn get_replication(r: &mut Reader<'_>) -> Result<(u8, bool), DecodeError> {
+    let v = u8::get(r)?;
+    Ok((v & !LAYOUT_FLAG, v & LAYOUT_FLAG != 0))
+}
+
+fn put_sections(sections: &[TltSection], w: &mut Writer) {
+    if !sections.is_empty() {
+        (sections.len() as u32).put(w);
+        for s in sections {
+            s.put(w);
+        }
+    }
+}
+
+impl Wire for TltSection {
+    const MIN_LEN: usize = 1 + 4 + 4;
+    fn put(&self, w: &mut Writer) {
+        (self.placement as u8).put(w);
+        self.start.put(w);
+        self.len.put(w);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let v = u8::get(r)?;
+        let placement =
+            Placement::from_u8(v).ok_or(DecodeError::BadValue { field: "placement", value: u64::from(v) })?;
+        Ok(TltSection { placement, start: u32::get(r)?, len: u32::get(r)? })
+    }
+}
 
 /// What the metadata service answered a volume lease request (design
 /// 0007, `metaserver::lease`).

@@ -44,7 +44,6 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use blizzard_core::limits::CHUNK_SIZE;
-use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_proto::{
     Assignment, ErrorCode, ErrorReply, FillProgress, Reply, Request, RowRef, RowTract, ROW_TRACTS_PAGE,
@@ -264,11 +263,7 @@ impl Filler {
         if !self.fills.any.load(Ordering::Acquire) {
             return None;
         }
-        let len = self.parts.rows.tlt_len();
-        if len == 0 {
-            return None;
-        }
-        let row = locator(blob, tract, len) as u32;
+        let row = self.parts.rows.locate(blob, tract)?;
         let rows = lock(&self.fills.rows);
         let f = rows.get(&row)?;
         (!f.complete && !f.done.contains(&(blob, tract))).then(|| (row, f.version, f.sources.clone()))
@@ -409,7 +404,7 @@ impl Filler {
     /// The caller has checked that this server is a complete member of
     /// `row` at the version asked (`TractService::check_source`).
     pub async fn serve_copy(&self, row: u32, t: RowTract) -> Result<(Reply, Bytes), ErrorReply> {
-        if locator(t.blob, t.tract, self.parts.rows.tlt_len()) as u32 != row {
+        if self.parts.rows.locate(t.blob, t.tract) != Some(row) {
             return Err(ErrorReply::new(
                 ErrorCode::BadRequest,
                 format!("tract {} is not in row {row}", t.tract),
@@ -467,7 +462,7 @@ impl Filler {
     /// Serves `ListRowTracts`: a page of the tracts this server holds in
     /// `row` (checked by the caller as for [`Filler::serve_copy`]).
     pub fn serve_list(&self, row: u32, after: Option<RowTract>) -> Reply {
-        let len = self.parts.rows.tlt_len();
+        let layout = self.parts.rows.layout();
         let after = after.map(|a| (a.blob, a.tract));
         let mut tracts: Vec<RowTract> = self
             .parts
@@ -475,7 +470,7 @@ impl Filler {
             .tracts()
             .into_iter()
             .filter(|k| after.is_none_or(|a| *k > a))
-            .filter(|(b, t)| locator(*b, *t, len) as u32 == row)
+            .filter(|(b, t)| layout.locate(*b, *t) == Some(row))
             .take(ROW_TRACTS_PAGE + 1)
             .map(|(blob, tract)| RowTract { blob, tract })
             .collect();
@@ -571,13 +566,13 @@ impl Filler {
     /// reads are served without asking whether a tract was copied, so such
     /// a tract must not outlive the fill.
     async fn purge_uncopied(&self, row: u32) -> Result<(), ErrorReply> {
-        let len = self.parts.rows.tlt_len();
+        let layout = self.parts.rows.layout();
         let stale: Vec<(BlobId, TractNo)> = self
             .parts
             .store
             .tracts()
             .into_iter()
-            .filter(|(b, t)| len > 0 && locator(*b, *t, len) as u32 == row)
+            .filter(|(b, t)| layout.locate(*b, *t) == Some(row))
             .filter(|k| self.copy_pending(k.0, k.1).is_some())
             .collect();
         for key in stale {
@@ -661,6 +656,7 @@ mod tests {
                     pending: Vec::new(),
                 })
                 .collect(),
+            sections: Vec::new(),
         }
     }
 

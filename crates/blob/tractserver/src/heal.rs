@@ -13,7 +13,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use blizzard_core::limits::CHUNK_SIZE;
-use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_proto::{Reply, Request, RowTract};
 
@@ -94,11 +93,7 @@ impl Healer {
     fn copy_sources(&self, blob: BlobId, tract: TractNo) -> Option<(Vec<TsId>, Request)> {
         let me = self.store.disk_id();
         let rows = self.rows.snapshot();
-        let len = rows.assignment.tlt_len as usize;
-        if len == 0 {
-            return None;
-        }
-        let row = locator(blob, tract, len) as u32;
+        let row = rows.assignment.locate(blob, tract)?;
         let r = rows.assignment.rows.iter().find(|r| r.row == row)?;
         let peers = r.members.iter().copied().filter(|m| *m != me && !r.filling.contains(m)).collect();
         Some((peers, Request::CopyTract { row, row_version: r.version, tract: RowTract { blob, tract } }))

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::RwLock;
 
-use blizzard_core::tlt::locator;
+use blizzard_core::tlt::RowLayout;
 use blizzard_core::{BlobId, TractNo, TsId};
 use blizzard_env::Instant;
 use blizzard_proto::{Assignment, ErrorCode, ErrorReply};
@@ -57,8 +57,15 @@ impl SharedRows {
         self.with(RowIndex::clone)
     }
 
-    pub fn tlt_len(&self) -> usize {
-        self.with(|r| r.assignment.tlt_len as usize)
+    /// The row of `tract` of `blob` under the current assignment (`None`
+    /// before the first).
+    pub fn locate(&self, blob: BlobId, tract: TractNo) -> Option<u32> {
+        self.with(|r| r.assignment.locate(blob, tract))
+    }
+
+    /// The table's shape, to locate many tracts under one lock.
+    pub fn layout(&self) -> RowLayout {
+        self.with(|r| r.assignment.layout())
     }
 
     pub fn replace(&self, rows: RowIndex) {
@@ -148,11 +155,9 @@ impl RowIndex {
         tract: TractNo,
         version: u64,
     ) -> Result<(bool, &[TsId]), ErrorReply> {
-        let len = self.assignment.tlt_len as usize;
-        if len == 0 {
+        let Some(row) = self.assignment.locate(blob, tract) else {
             return Err(ErrorReply::new(ErrorCode::NotReady, "this tractserver has no TLT assignment yet"));
-        }
-        let row = locator(blob, tract, len) as u32;
+        };
         let Some(h) = self.rows.get(&row) else {
             return Err(ErrorReply {
                 code: ErrorCode::NotOwner,
@@ -291,7 +296,7 @@ mod tests {
     fn a_held_row_at_its_version_is_served() {
         let idx = RowIndex::new(ts(1), assignment(4, &[ts(1), ts(2), ts(3)]));
         let blob = BlobId(0x1234);
-        let row = locator(blob, TractNo(5), 4) as u32;
+        let row = blizzard_core::tlt::locator(blob, TractNo(5), 4) as u32;
         let (primary, holders) = idx.check(blob, TractNo(5), 7 + row as u64).unwrap();
         assert!(primary, "column 0 is the primary");
         assert_eq!(holders, &[ts(1), ts(2), ts(3)]);
@@ -303,7 +308,7 @@ mod tests {
     fn a_stale_version_names_the_current_one() {
         let idx = RowIndex::new(ts(1), assignment(4, &[ts(1), ts(2)]));
         let blob = BlobId(99);
-        let row = locator(blob, TractNo(0), 4) as u32;
+        let row = blizzard_core::tlt::locator(blob, TractNo(0), 4) as u32;
         let e = idx.check(blob, TractNo(0), 1).unwrap_err();
         assert_eq!(e.code, ErrorCode::StaleVersion);
         assert_eq!(e.current_version, 7 + row as u64);

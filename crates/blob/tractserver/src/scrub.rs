@@ -40,7 +40,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blizzard_core::limits::CHUNK_SIZE;
-use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, Incarnation, TractNo};
 use blizzard_proto::{Reply, Request};
 use blizzard_rpc::Shutdown;
@@ -130,8 +129,9 @@ impl Scrubber {
         }
         let Some(inc) = self.parts.store.incarnation_of(blob, tract).await else { return };
         let me = self.parts.store.disk_id();
-        let len = self.parts.rows.tlt_len();
-        let row = locator(blob, tract, len.max(1)) as u32;
+        let layout = self.parts.rows.layout();
+        let len = layout.total;
+        let Some(row) = layout.locate(blob, tract) else { return };
         let held = |svc: &Self| svc.parts.rows.with(|r| r.assignment.rows.iter().any(|r| r.row == row));
         // Not ours: neither this server's assignment nor the table clients
         // are served gives it the row. The assignment alone is not enough:
@@ -142,6 +142,7 @@ impl Scrubber {
             && !held(self)
             && tlt.is_some_and(|t| {
                 t.rows.len() == len
+                    && t.sections == layout.sections
                     && !t.member_index(me).is_some_and(|i| {
                         let r = &t.rows[row as usize];
                         r.members.contains(&i) || r.pending.iter().any(|p| p.member == i)

@@ -23,7 +23,6 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use blizzard_core::tlt::locator;
 use blizzard_core::{BlobId, TractNo, TsId};
 use blizzard_env::Env;
 use blizzard_proto::codec::encode;
@@ -406,13 +405,14 @@ impl TractService {
     fn list_blobs(&self) -> Reply {
         let rows = self.row_index();
         let me = self.store.disk_id();
-        let len = rows.assignment.tlt_len as usize;
-        let mut v: Vec<BlobMeta> = if len == 0 || self.check_serving().is_err() {
+        let layout = rows.assignment.layout();
+        let mut v: Vec<BlobMeta> = if layout.total == 0 || self.check_serving().is_err() {
             Vec::new()
         } else {
             self.metas.filtered(|m| {
-                let row = locator(m.blob, TractNo::META, len) as u32;
-                rows.lists_row(me, row, self.fill.row_complete(row))
+                layout
+                    .locate(m.blob, TractNo::META)
+                    .is_some_and(|row| rows.lists_row(me, row, self.fill.row_complete(row)))
             })
         };
         v.sort_by_key(|m| m.blob);

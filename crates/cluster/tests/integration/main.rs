@@ -6,6 +6,7 @@
 mod blob_store;
 mod common;
 mod meta_replicas;
+mod placement;
 mod reconcile;
 mod recovery;
 mod volume_leases;

@@ -34,6 +34,7 @@ fn spec(mode: CommitMode) -> VolumeSpec {
         block_size: Some(BS as u32),
         segment_tracts: SEGMENT,
         exposure: ExposureLimits::default(),
+        placement: Default::default(),
     }
 }
 

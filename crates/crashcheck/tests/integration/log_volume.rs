@@ -35,6 +35,7 @@ fn spec(size: u64) -> VolumeSpec {
         block_size: Some(BS as u32),
         segment_tracts: 4,
         exposure: ExposureLimits::default(),
+        placement: Default::default(),
     }
 }
 

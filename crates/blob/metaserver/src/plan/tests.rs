@@ -26,6 +26,7 @@ fn table(n: u128, rows: &[&[u128]]) -> Tlt {
             .map(|id| TltMember { id: ts(id), addr: format!("ts{id}"), domain: format!("d{id}") })
             .collect(),
         rows: rows.iter().map(|r| TltRow::new(5, r.iter().map(|id| (*id - 1) as u32).collect())).collect(),
+        sections: Vec::new(),
     }
 }
 
@@ -375,4 +376,69 @@ fn a_member_holding_no_position_grows_into_the_table() {
     assert_eq!(p.summary(&w.tlt)[2].0, p.changes.len(), "counted as growth");
     // Not with growth off.
     assert!(w.plan_with(&Rules { grow: false, ..rules() }).changes.is_empty());
+}
+
+/// A hybrid table (design 0009): members 1–2 ssd, 3–7 hdd; row 0 is the
+/// `any` section, row 1 the `hybrid` one (ssd primary, hdd backups).
+fn hybrid_world() -> World {
+    use blizzard_core::{DiskClass, Placement, TltSection};
+    let mut t = table(7, &[&[3, 4, 5], &[1, 3, 4]]);
+    t.sections = vec![
+        TltSection { placement: Placement::Any, start: 0, len: 1 },
+        TltSection { placement: Placement::Hybrid, start: 1, len: 1 },
+    ];
+    let mut w = World::new(t);
+    for id in 3..=7 {
+        w.member(id).class = DiskClass::Hdd;
+    }
+    w
+}
+
+#[test]
+fn a_dead_member_of_a_hybrid_row_is_replaced_by_a_disk_of_its_columns_class() {
+    // The ssd primary dies: only the other ssd may lead the row, though
+    // three hdd are idle and less loaded.
+    let mut w = hybrid_world();
+    w.silent.insert(ts(1), DEAD_AFTER);
+    let p = w.plan();
+    let c = p.changes.iter().find(|c| c.row == 1).expect("row 1 changes");
+    assert_eq!(c.members, ids(&[2, 3, 4]), "{c:?}");
+    // A backup dies: an hdd takes it, never the idle ssd 2.
+    let mut w = hybrid_world();
+    w.silent.insert(ts(4), DEAD_AFTER);
+    for seed_run in 0..10 {
+        let p = w.plan();
+        let c = p.changes.iter().find(|c| c.row == 1).expect("row 1 changes");
+        assert!([ts(5), ts(6), ts(7)].contains(&c.members[2]), "run {seed_run}: {c:?}");
+    }
+    // No ssd left alive to lead: the row is stuck, not given an hdd
+    // primary.
+    let mut w = hybrid_world();
+    w.silent.insert(ts(1), DEAD_AFTER);
+    w.silent.insert(ts(2), DEAD_AFTER);
+    let p = w.plan();
+    assert!(p.changes.iter().all(|c| c.row != 1), "{p:?}");
+    assert!(p.stuck >= 1);
+}
+
+#[test]
+fn check_classes_refuses_a_change_that_breaks_a_sections_classes() {
+    let w = hybrid_world();
+    let class = |id: TsId| w.members.get(&id).map(|m| m.class);
+    let mut next = w.tlt.clone();
+    next.rows[1].members = vec![1, 4, 3]; // ssd 2 leads, hdd 5 and 4 back
+    assert_eq!(check_classes(&w.tlt, &next, &class), Ok(()));
+    next.rows[1].members = vec![4, 2, 3]; // hdd 5 would lead
+    assert!(check_classes(&w.tlt, &next, &class).is_err());
+    next.rows[1].members = vec![0, 1, 3]; // ssd 2 as a backup
+    assert!(check_classes(&w.tlt, &next, &class).is_err());
+    // The any section takes every class.
+    let mut next = w.tlt.clone();
+    next.rows[0].members = vec![0, 3, 4];
+    assert_eq!(check_classes(&w.tlt, &next, &class), Ok(()));
+    // Sections never change.
+    let mut next = w.tlt.clone();
+    next.version += 1;
+    next.sections.clear();
+    assert!(check_change(&w.tlt, &next, &HashMap::new(), 0).is_err());
 }

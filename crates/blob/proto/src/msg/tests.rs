@@ -39,6 +39,7 @@ fn samples() -> Vec<Request> {
             filling: vec![TsId(3), TsId(4)],
             pending: vec![PendingMember { column: 1, id: TsId(4) }],
         }],
+        sections: Vec::new(),
     };
     vec![
         Request::Ping,
@@ -131,6 +132,7 @@ fn responses_round_trip() {
             TltMember { id: TsId(2), addr: "b:1".into(), domain: "e".into() },
         ],
         rows: vec![TltRow { version: 1, members: vec![0], pending: vec![Pending { column: 0, member: 1 }] }],
+        sections: Vec::new(),
     };
     let cases = vec![
         (Opcode::Ping, Ok(Reply::Done)),
@@ -255,4 +257,64 @@ proptest! {
         let _ = Request::decode(op, &bytes);
         let _ = decode_response(op, &bytes);
     }
+}
+
+/// A table or assignment without sections is encoded exactly as before
+/// sections existed (what tractservers and metadata replicas stored then
+/// still decodes); with sections it round trips, and a bad placement or a
+/// cut-off section list is refused.
+#[test]
+fn sections_keep_the_old_encoding_when_absent() {
+    use crate::codec::{decode, encode, Wire, Writer};
+    use blizzard_core::{Placement, Tlt, TltSection};
+    let mut tlt = Tlt {
+        cluster_id: 9,
+        tract_size: 4096,
+        replication: 2,
+        version: 3,
+        members: vec![
+            TltMember { id: TsId(1), addr: "a:1".into(), domain: "d".into() },
+            TltMember { id: TsId(2), addr: "b:1".into(), domain: "e".into() },
+        ],
+        rows: vec![TltRow::new(1, vec![0, 1]), TltRow::new(1, vec![1, 0])],
+        sections: Vec::new(),
+    };
+    // The old layout, field by field.
+    let mut w = Writer::new();
+    tlt.cluster_id.put(&mut w);
+    tlt.tract_size.put(&mut w);
+    tlt.replication.put(&mut w);
+    tlt.version.put(&mut w);
+    tlt.members.put(&mut w);
+    tlt.rows.put(&mut w);
+    let old = w.buf.freeze();
+    assert_eq!(encode(&tlt), old);
+    assert_eq!(decode::<Tlt>(&old), Ok(tlt.clone()));
+    tlt.sections = vec![
+        TltSection { placement: Placement::Any, start: 0, len: 1 },
+        TltSection { placement: Placement::Hybrid, start: 1, len: 1 },
+    ];
+    let new = encode(&tlt);
+    assert_eq!(decode::<Tlt>(&new), Ok(tlt.clone()));
+    assert!(decode::<Tlt>(&new[..new.len() - 1]).is_err(), "a cut-off section list");
+    let mut bad = new.to_vec();
+    let at = bad.len() - 9; // the last section's placement byte
+    bad[at] = 9;
+    assert!(decode::<Tlt>(&bad).is_err(), "an unknown placement");
+
+    let mut a = Assignment {
+        cluster_id: 9,
+        tract_size: 4096,
+        replication: 2,
+        tlt_len: 2,
+        tlt_version: 3,
+        rows: Vec::new(),
+        sections: Vec::new(),
+    };
+    let plain = encode(&a);
+    assert_eq!(plain.len(), 16 + 4 + 1 + 4 + 8 + 4, "the old layout");
+    a.sections = tlt.sections.clone();
+    assert_eq!(decode::<Assignment>(&encode(&a)), Ok(a.clone()));
+    assert_eq!(a.locate(Placement::Hybrid.place(BlobId(5)), TractNo(0)), Some(1));
+    assert_eq!(a.locate(BlobId(5), TractNo(0)), Some(0));
 }

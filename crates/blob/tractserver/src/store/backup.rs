@@ -43,7 +43,7 @@
 use std::sync::Arc;
 
 use blizzard_core::crc::piece_crcs;
-use blizzard_core::{BlobId, Incarnation, TractNo};
+use blizzard_core::{BlobId, Incarnation, Placement, TractNo};
 
 use crate::backup::format::{Kind, Target};
 use crate::backup::index::{JournalIndex, Piece};
@@ -270,8 +270,11 @@ impl Store {
             version: change.version,
             offset,
         };
-        if let Some((crcs, data)) = change.write.filter(|_| change.len <= b.threshold && !change.whole_tract)
-        {
+        // A blob placed `hdd` is the cheap tier: it keeps off fast storage,
+        // so its writes take the data disk's own sync like large ones.
+        let takes =
+            change.len <= b.threshold && !change.whole_tract && Placement::of(change.blob) != Placement::Hdd;
+        if let Some((crcs, data)) = change.write.filter(|_| takes) {
             match b.journal.reserve_data(&target(change.offset), crcs, data) {
                 Ok(p) => return Ok(Some((p, true))),
                 // Full: the write goes to the data disk, marked below.
