@@ -90,6 +90,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use blizzard_client::{Client, ClientConfig};
+use blizzard_core::Placement;
 use blizzard_metaserver::replica::{GroupConfig, Timing};
 use blizzard_metaserver::server::{self as meta, MetaConfig, MetaPlant};
 use blizzard_rpc::FlowLimits;
@@ -475,6 +476,12 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 // With a replicated metadata service (single-server seeds
                 // run as they did before leases).
                 lease: cfg.meta_replicas > 1,
+                // Half the volumes hybrid (design 0009), drawn apart from
+                // the workload's stream so that stream stays as it was.
+                placement: match derive_seed(seed, &format!("vol{c}/placement")) % 2 {
+                    1 => Placement::Hybrid,
+                    _ => Placement::Any,
+                },
             };
             VolumeShared::new(vcfg, r)
         })
@@ -978,8 +985,16 @@ async fn client_workload(
     let client = Client::connect(env.clone(), cc).await?;
     let mut rng = SmallRng::seed_from_u64(env.random_u64());
     let ts = cfg.tract_size;
+    // Odd-numbered clients place their blob hybrid where the table has
+    // that section (design 0009): an ssd primary, hdd backups behind
+    // journals, reads from the primary.
+    let odd = host.trim_start_matches("client").parse::<usize>().is_ok_and(|c| c % 2 == 1);
+    let placement = match odd && client.tlt().has_placement(Placement::Hybrid) {
+        true => Placement::Hybrid,
+        false => Placement::Any,
+    };
     let blob = loop {
-        match client.create_blob(None, cfg.replication).await {
+        match client.create_placed_blob(None, cfg.replication, placement).await {
             Ok(b) => break b,
             Err(e) => {
                 trace.event(&host, format!("create failed, retrying: {e}"));

@@ -104,6 +104,9 @@ pub struct VolumeConfig {
     /// taking it over from the previous life: the claimed writer epoch is
     /// then at least the lease's fencing token.
     pub lease: bool,
+    /// Where the volume's replicas live (design 0009); `any` where the
+    /// table has no section for it.
+    pub placement: blizzard_core::Placement,
 }
 
 impl VolumeConfig {
@@ -118,7 +121,7 @@ impl VolumeConfig {
             segment_tracts: SEGMENT_TRACTS,
             // Small, so fast-ack writes wait for room now and then.
             exposure: ExposureLimits { bytes_max: 128 << 10, writes_max: 32, age_ms_max: 1000 },
-            placement: Default::default(),
+            placement: self.placement,
         }
     }
 
@@ -241,12 +244,18 @@ async fn create_volume(
     writer: Option<&Writer>,
 ) -> Result<Volume, VolumeError> {
     Volume::validate(spec, client.tract_size())?;
-    let id = manage::blob_id(&spec.name);
-    let blob = match client.create_blob(Some(id), spec.replication).await {
-        Ok(b) => b,
-        Err(ClientError::BlobExists(_)) => return Err(VolumeError::Exists(spec.name.clone())),
-        Err(e) => return Err(e.into()),
+    let placement = match client.tlt().has_placement(spec.placement) {
+        true => spec.placement,
+        false => blizzard_core::Placement::Any,
     };
+    let blob =
+        match client.create_placed_blob(Some(manage::blob_id(&spec.name)), spec.replication, placement).await
+        {
+            Ok(b) => b,
+            Err(ClientError::BlobExists(_)) => return Err(VolumeError::Exists(spec.name.clone())),
+            Err(e) => return Err(e.into()),
+        };
+    let id = blob.id();
     let io = volume_io(&env, client, blob, &spec.name, writer).await?;
     match Volume::format(env, io, spec).await {
         Ok(v) => Ok(v),
@@ -264,7 +273,7 @@ async fn open_volume(
     name: &str,
     writer: Option<&Writer>,
 ) -> Result<Volume, VolumeError> {
-    let blob = client.open_blob(manage::blob_id(name)).await?;
+    let blob = manage::find_blob(client, name).await?;
     let io = volume_io(&env, client, blob, name, writer).await?;
     Volume::open(env, io, PlantedBug::None).await
 }
@@ -782,8 +791,7 @@ impl Life {
         when: &str,
     ) -> Result<(), BoxError> {
         self.shared.set_phase("checking");
-        let id = manage::blob_id(&cfg.name);
-        let blob = self.retry("open blob", || client.open_blob(id)).await?;
+        let blob = self.retry("open blob", || manage::find_blob(client, &cfg.name)).await?;
         self.check_replicas(client, cfg, &blob, when).await?;
         let image = self.retry("volume read", || vol.read(0, vol.size())).await?;
         let (base, ops) = {
