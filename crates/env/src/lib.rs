@@ -8,12 +8,15 @@
 //! worlds without making every server generic.
 
 mod group_commit;
+mod handover;
 mod local;
 mod model;
 mod real;
 mod zero_fill;
 
+use std::any::Any;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,12 +27,18 @@ use tokio::io::{AsyncRead, AsyncWrite};
 pub use tokio::time::Instant;
 
 pub use group_commit::GroupCommit;
+pub use handover::{
+    adopt_listener, adopt_stream, stream_fd, HandoverConn, HandoverListener, HANDOVER_FDS_MAX,
+};
 pub use local::LocalNet;
 pub use model::DiskModel;
 pub use real::{RealClock, RealDisks, RealNet, RealRng};
 
-/// A byte stream to a peer: TCP, unix socket or simulated link.
-pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+/// A byte stream to a peer: TCP, unix socket or simulated link. `Any`
+/// lets the real side find the socket under a stream ([`stream_fd`]) to
+/// hand it to another process; every `'static` type is `Any`, so this
+/// asks nothing more of a stream.
+pub trait Stream: AsyncRead + AsyncWrite + Send + Unpin + Any {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 
 pub type BoxStream = Box<dyn Stream>;
@@ -75,6 +84,12 @@ pub trait Listener: Send + Sync {
     fn accept(&self) -> BoxFuture<'_, io::Result<(BoxStream, String)>>;
     /// The address peers should dial (with the real port if bound to 0).
     fn local_addr(&self) -> String;
+    /// The OS socket under this listener, to hand to another process (an
+    /// NBD server's online upgrade, [`HandoverConn`]); `None` where there
+    /// is none (the simulator).
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Opens disks: a raw block device or one large file.

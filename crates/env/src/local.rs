@@ -138,6 +138,12 @@ impl Listener for LocalListener {
     fn local_addr(&self) -> String {
         self.addr.clone()
     }
+
+    /// The socket other processes dial; a pipe of this process cannot be
+    /// handed to another, and [`crate::stream_fd`] finds no socket under one.
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.fd()
+    }
 }
 
 impl Drop for LocalListener {

@@ -38,6 +38,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -131,9 +132,9 @@ impl Net for RealNet {
     }
 }
 
-struct RealTcpListener {
-    l: TcpListener,
-    local: String,
+pub(crate) struct RealTcpListener {
+    pub(crate) l: TcpListener,
+    pub(crate) local: String,
 }
 
 impl Listener for RealTcpListener {
@@ -148,11 +149,14 @@ impl Listener for RealTcpListener {
     fn local_addr(&self) -> String {
         self.local.clone()
     }
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.l.as_fd())
+    }
 }
 
-struct RealUnixListener {
-    l: UnixListener,
-    path: String,
+pub(crate) struct RealUnixListener {
+    pub(crate) l: UnixListener,
+    pub(crate) path: String,
 }
 
 impl Listener for RealUnixListener {
@@ -165,6 +169,9 @@ impl Listener for RealUnixListener {
     }
     fn local_addr(&self) -> String {
         format!("unix:{}", self.path)
+    }
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.l.as_fd())
     }
 }
 

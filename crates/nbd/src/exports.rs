@@ -6,7 +6,8 @@
 //! memory, so two instances on one blob would not see each other's writes,
 //! and a FLUSH on one connection must cover writes completed on every
 //! connection (what `NBD_FLAG_CAN_MULTI_CONN` promises). Volumes are opened
-//! on first use and stay open until [`Registry::flush_all`] at shutdown.
+//! on first use and stay open until shutdown releases them (or a hand-over
+//! does, and [`Registry::clear`] forgets them).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -148,6 +149,12 @@ impl Registry {
             }
         }
         r
+    }
+
+    /// Forgets every open volume (a hand-over released them all): the next
+    /// use of a name opens it afresh.
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
     }
 
     /// Every open volume, by name.

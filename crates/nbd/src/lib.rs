@@ -11,6 +11,9 @@
 //!   open [`blizzard_volume::Volume`] per export for all connections.
 //! - `server`: the accept loop, [`Server::start`] and [`Server::shutdown`].
 //! - `metrics`: what `GET /metrics` shows of the open exports (pure).
+//! - `upgrade`: online upgrade, handing the listener and every live
+//!   connection to a successor process ([`Server::upgrade_from`],
+//!   [`Server::listen_for_upgrades`]); `upgrade::wire` its messages (pure).
 //!
 //! What is implemented (NBD `doc/proto.md`): fixed newstyle only (oldstyle
 //! and non-fixed newstyle clients are refused), `NBD_FLAG_C_NO_ZEROES`,
@@ -30,6 +33,7 @@ mod metrics;
 pub mod proto;
 mod server;
 mod transmission;
+pub mod upgrade;
 
 use std::time::Duration;
 
@@ -92,6 +96,9 @@ pub enum NbdError {
     Config(String),
     /// `error`, not `source`: the message holds it, so an error chain
     /// (`{:#}`) prints it once.
+    /// Boxed: a volume error is large, and the other variants small.
     #[error("flushing volume {name:?} at shutdown: {error}")]
-    Flush { name: String, error: blizzard_volume::VolumeError },
+    Flush { name: String, error: Box<blizzard_volume::VolumeError> },
+    #[error(transparent)]
+    Upgrade(#[from] upgrade::UpgradeError),
 }

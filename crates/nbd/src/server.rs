@@ -6,20 +6,31 @@
 //! loop. Shutdown: stop accepting, let every connection finish the requests
 //! it has in flight (bounded by `shutdown_grace`), then flush every open
 //! volume durably.
+//!
+//! Quiescing for a hand-over (`upgrade`): the accept loop stops accepting
+//! and sets `pause`; each connection's reader stops at its next request
+//! boundary, its in-flight requests finish and are answered, and its task
+//! returns the connection [`Parked`] (socket, unread bytes, negotiated
+//! state). The loop hands the listener and the parked connections to the
+//! hand-over, which gives them back if it fails: then every parked
+//! connection resumes here (`resume`), as it would in the successor.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, Semaphore};
-use tokio::task::{JoinHandle, JoinSet};
-use tracing::{debug, info, warn};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::task::{JoinError, JoinHandle, JoinSet};
+use tracing::{debug, error, info, warn};
 
 use blizzard_env::{BoxStream, Env, Listener};
-use blizzard_volume::VolumeError;
+use blizzard_volume::{Volume, VolumeError};
 
 use crate::exports::{Exports, Registry};
-use crate::{handshake, metrics, proto, transmission, NbdConfig, NbdError};
+use crate::handshake::Negotiated;
+use crate::proto::Session;
+use crate::transmission::Served;
+use crate::{handshake, metrics, proto, transmission, upgrade, NbdConfig, NbdError};
 
 /// A one-way signal: once triggered, every current and future waiter
 /// returns. (tokio's watch channel is banned for the simulator; Notify
@@ -34,6 +45,12 @@ impl Signal {
     pub(crate) fn trigger(&self) {
         self.set.store(true, Ordering::SeqCst);
         self.notify.notify_waiters();
+    }
+
+    /// Clears the signal (a hand-over that failed un-pauses the server);
+    /// waiters that already returned are not called back.
+    pub(crate) fn reset(&self) {
+        self.set.store(false, Ordering::SeqCst);
     }
 
     pub(crate) fn is_set(&self) -> bool {
@@ -61,8 +78,61 @@ pub(crate) struct Shared {
     pub(crate) cfg: NbdConfig,
     pub(crate) registry: Registry,
     pub(crate) shutdown: Signal,
+    /// Set while a hand-over quiesces the server: readers stop at their
+    /// next request boundary and their connections park.
+    pub(crate) pause: Signal,
+    /// Set once a successor has taken every connection over.
+    pub(crate) handed_over: Signal,
     /// Server-wide budget of buffered payload bytes (one permit per byte).
     pub(crate) budget: Arc<Semaphore>,
+}
+
+impl Shared {
+    pub(crate) fn new(env: Env, exports: Arc<dyn Exports>, cfg: NbdConfig) -> Arc<Shared> {
+        Arc::new(Shared {
+            env,
+            budget: Arc::new(Semaphore::new(cfg.buffered_bytes_max)),
+            cfg,
+            registry: Registry::new(exports),
+            shutdown: Signal::default(),
+            pause: Signal::default(),
+            handed_over: Signal::default(),
+        })
+    }
+}
+
+/// A connection in the transmission phase, stopped at a request boundary
+/// with nothing in flight: what a hand-over moves to another process.
+pub(crate) struct Parked {
+    pub(crate) stream: BoxStream,
+    /// Bytes read from the socket but not used (the start of requests not
+    /// yet begun): the next reader reads them first.
+    pub(crate) leftover: Vec<u8>,
+    pub(crate) peer: String,
+    pub(crate) export: String,
+    pub(crate) session: Session,
+    /// The transmission flags the client was told.
+    pub(crate) flags: u16,
+}
+
+/// A request to the accept loop to quiesce for a hand-over.
+pub(crate) struct Quiesce {
+    pub(crate) reply: oneshot::Sender<Result<Quiesced, String>>,
+}
+
+/// The quiesced server's listener and connections, lent to a hand-over;
+/// `back` says whether they were handed over or come back.
+pub(crate) struct Quiesced {
+    pub(crate) listener: Box<dyn Listener>,
+    pub(crate) parked: Vec<Parked>,
+    pub(crate) back: oneshot::Sender<Back>,
+}
+
+pub(crate) enum Back {
+    /// The successor serves them: the accept loop ends.
+    Done,
+    /// The hand-over failed: serve them again.
+    Resume(Box<dyn Listener>, Vec<Parked>),
 }
 
 /// A running NBD server.
@@ -70,6 +140,8 @@ pub struct Server {
     local_addr: String,
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
+    quiesce: mpsc::Sender<Quiesce>,
+    upgrades: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -81,55 +153,45 @@ impl Server {
         listen: &str,
         cfg: NbdConfig,
     ) -> Result<Server, NbdError> {
-        let smallest = cfg.buffered_bytes_max.min(cfg.connection_buffered_bytes_max);
-        if smallest < proto::PAYLOAD_MAX as usize || smallest > u32::MAX as usize {
-            return Err(NbdError::Config(format!(
-                "buffered byte limits must lie between the {}-byte maximum request and 4 GiB",
-                proto::PAYLOAD_MAX
-            )));
-        }
-        if cfg.requests_in_flight_max == 0 || cfg.connections_max == 0 {
-            return Err(NbdError::Config(
-                "requests_in_flight_max and connections_max must be positive".into(),
-            ));
-        }
-        if let Some(d) = &cfg.default_export {
-            if proto::nbd_string(d.as_bytes()).is_err() || d.is_empty() {
-                return Err(NbdError::Config(format!("default export {d:?} is not a valid export name")));
-            }
-        }
+        check_config(&cfg)?;
         let listener =
             env.bind(listen).await.map_err(|source| NbdError::Bind { addr: listen.to_string(), source })?;
-        let local_addr = listener.local_addr();
-        let shared = Arc::new(Shared {
-            env,
-            budget: Arc::new(Semaphore::new(cfg.buffered_bytes_max)),
-            cfg,
-            registry: Registry::new(exports),
-            shutdown: Signal::default(),
-        });
+        let shared = Shared::new(env, exports, cfg);
         // The metrics endpoint is bound before anything is served, so a
         // bad address fails the start with nothing left running.
-        if let Some(m) = &shared.cfg.metrics_listen {
-            let l = shared.env.bind(m).await.map_err(|source| NbdError::Bind { addr: m.clone(), source })?;
-            info!(addr = %l.local_addr(), "NBD metrics at /metrics");
-            let (for_render, for_stop) = (shared.clone(), shared.clone());
-            let render: blizzard_metrics::Render = Arc::new(move || {
-                let figures: Vec<_> = for_render
-                    .registry
-                    .opened()
-                    .iter()
-                    .map(|(name, v)| metrics::Figures::of(name, v))
-                    .collect();
-                metrics::render(&figures)
-            });
-            tokio::spawn(blizzard_metrics::serve(shared.env.clone(), l, render, async move {
-                for_stop.shutdown.wait().await
-            }));
+        if let Some(m) = shared.cfg.metrics_listen.clone() {
+            let l = shared.env.bind(&m).await.map_err(|source| NbdError::Bind { addr: m.clone(), source })?;
+            serve_metrics(&shared, l);
         }
+        Ok(Server::launch(shared, listener, Vec::new()))
+    }
+
+    /// Serves `listener` and resumes the `parked` connections (a
+    /// successor's, after a hand-over).
+    pub(crate) fn launch(shared: Arc<Shared>, listener: Box<dyn Listener>, parked: Vec<Parked>) -> Server {
+        let local_addr = listener.local_addr();
         info!(addr = %local_addr, "NBD server listening");
-        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
-        Ok(Server { local_addr, shared, accept: Some(accept) })
+        let (quiesce, requests) = mpsc::channel(1);
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), parked, requests));
+        Server { local_addr, shared, accept: Some(accept), quiesce, upgrades: None }
+    }
+
+    /// Listens for a successor on the hand-over socket at `path` (see
+    /// [`crate::upgrade`]): a process started with `--upgrade-from` that
+    /// connects there takes over the listener and every connection.
+    pub fn listen_for_upgrades(&mut self, path: &std::path::Path) -> Result<(), NbdError> {
+        let l = blizzard_env::HandoverListener::bind(path)
+            .map_err(|source| NbdError::Bind { addr: path.display().to_string(), source })?;
+        info!(socket = %path.display(), "hand-over socket ready: a successor started with --upgrade-from takes over here");
+        let task = upgrade::serve_upgrades(l, self.shared.clone(), self.quiesce.clone());
+        self.upgrades = Some(tokio::spawn(task));
+        Ok(())
+    }
+
+    /// Returns once a successor has taken over every connection (never, if
+    /// none does); then [`Server::shutdown`] has nothing left to flush.
+    pub async fn handed_over(&self) {
+        self.shared.handed_over.wait().await
     }
 
     /// Opens the export `name` now rather than at its first client (a
@@ -155,6 +217,9 @@ impl Server {
                 warn!(error = %e, "NBD accept loop ended abnormally");
             }
         }
+        if let Some(u) = self.upgrades.take() {
+            let _ = u.await;
+        }
         let mut first = None;
         for (name, v) in self.shared.registry.opened() {
             // Durable, marked clean (the next open reconciles nothing),
@@ -163,7 +228,7 @@ impl Server {
                 Ok(()) => debug!(volume = %name, "flushed at shutdown"),
                 Err(source) => {
                     warn!(volume = %name, error = %source, "flush at shutdown failed");
-                    first.get_or_insert(NbdError::Flush { name, error: source });
+                    first.get_or_insert(NbdError::Flush { name, error: Box::new(source) });
                 }
             }
         }
@@ -180,37 +245,124 @@ impl Drop for Server {
     }
 }
 
-async fn accept_loop(listener: Box<dyn Listener>, shared: Arc<Shared>) {
-    let mut conns: JoinSet<()> = JoinSet::new();
+/// Checks the bounds of a configuration before anything starts.
+pub(crate) fn check_config(cfg: &NbdConfig) -> Result<(), NbdError> {
+    let smallest = cfg.buffered_bytes_max.min(cfg.connection_buffered_bytes_max);
+    if smallest < proto::PAYLOAD_MAX as usize || smallest > u32::MAX as usize {
+        return Err(NbdError::Config(format!(
+            "buffered byte limits must lie between the {}-byte maximum request and 4 GiB",
+            proto::PAYLOAD_MAX
+        )));
+    }
+    if cfg.requests_in_flight_max == 0 || cfg.connections_max == 0 {
+        return Err(NbdError::Config("requests_in_flight_max and connections_max must be positive".into()));
+    }
+    if cfg.connections_max > upgrade::CONNECTIONS_MAX as usize {
+        return Err(NbdError::Config(format!(
+            "connections_max must be at most {} (what one hand-over carries)",
+            upgrade::CONNECTIONS_MAX
+        )));
+    }
+    if let Some(d) = &cfg.default_export {
+        if proto::nbd_string(d.as_bytes()).is_err() || d.is_empty() {
+            return Err(NbdError::Config(format!("default export {d:?} is not a valid export name")));
+        }
+    }
+    Ok(())
+}
+
+/// Serves `/metrics` of the open exports on `l` until shutdown.
+pub(crate) fn serve_metrics(shared: &Arc<Shared>, l: Box<dyn Listener>) {
+    info!(addr = %l.local_addr(), "NBD metrics at /metrics");
+    let (for_render, for_stop) = (shared.clone(), shared.clone());
+    let render: blizzard_metrics::Render = Arc::new(move || {
+        let figures: Vec<_> =
+            for_render.registry.opened().iter().map(|(name, v)| metrics::Figures::of(name, v)).collect();
+        metrics::render(&figures)
+    });
+    tokio::spawn(blizzard_metrics::serve(shared.env.clone(), l, render, async move {
+        for_stop.shutdown.wait().await
+    }));
+}
+
+type Conns = JoinSet<Option<Parked>>;
+
+/// What woke the accept loop.
+enum Event {
+    Stop,
+    Joined(Result<Option<Parked>, JoinError>),
+    Accepted(std::io::Result<(BoxStream, String)>),
+    Quiesce(Quiesce),
+}
+
+async fn accept_loop(
+    listener: Box<dyn Listener>,
+    shared: Arc<Shared>,
+    parked: Vec<Parked>,
+    mut requests: mpsc::Receiver<Quiesce>,
+) {
+    let mut listener = listener;
+    let mut conns: Conns = JoinSet::new();
+    for p in parked {
+        conns.spawn(resume(p, shared.clone()));
+    }
     let stop = shared.shutdown.wait();
     tokio::pin!(stop);
     loop {
-        tokio::select! {
+        let event = tokio::select! {
             biased;
-            _ = &mut stop => break,
-            Some(done) = conns.join_next(), if !conns.is_empty() => {
-                if let Err(e) = done {
-                    // A panic in one connection is a bug, but it must not
-                    // take the server down.
-                    warn!(error = %e, "NBD connection task failed");
+            _ = &mut stop => Event::Stop,
+            Some(done) = conns.join_next(), if !conns.is_empty() => Event::Joined(done),
+            Some(q) = requests.recv() => Event::Quiesce(q),
+            r = listener.accept() => Event::Accepted(r),
+        };
+        match event {
+            Event::Stop => break,
+            Event::Joined(done) => joined(done, &mut conns, &shared),
+            Event::Accepted(Ok((stream, peer))) => {
+                if conns.len() >= shared.cfg.connections_max {
+                    warn!(%peer, max = shared.cfg.connections_max, "too many NBD connections; closing");
+                    drop(stream);
+                    continue;
                 }
+                conns.spawn(connection(stream, peer, shared.clone()));
             }
-            r = listener.accept() => match r {
-                Ok((stream, peer)) => {
-                    if conns.len() >= shared.cfg.connections_max {
-                        warn!(%peer, max = shared.cfg.connections_max, "too many NBD connections; closing");
-                        drop(stream);
+            Event::Accepted(Err(e)) => {
+                // Typically out of file descriptors: back off instead of
+                // spinning.
+                warn!(error = %e, "NBD accept failed");
+                shared.env.sleep(Duration::from_millis(100)).await;
+            }
+            Event::Quiesce(q) => {
+                let parked = match quiesce(&mut conns, &shared).await {
+                    Ok(p) => p,
+                    Err(why) => {
+                        let _ = q.reply.send(Err(why));
                         continue;
                     }
-                    conns.spawn(connection(stream, peer, shared.clone()));
+                };
+                let (back, answer) = oneshot::channel();
+                let lent = Quiesced { listener, parked, back };
+                if let Err(Ok(q)) = q.reply.send(Ok(lent)) {
+                    // The hand-over is gone already: serve on.
+                    listener = q.listener;
+                    resume_all(q.parked, &mut conns, &shared);
+                    continue;
                 }
-                Err(e) => {
-                    // Typically out of file descriptors: back off instead of
-                    // spinning.
-                    warn!(error = %e, "NBD accept failed");
-                    shared.env.sleep(Duration::from_millis(100)).await;
+                match answer.await {
+                    Ok(Back::Done) => return,
+                    Ok(Back::Resume(l, parked)) => {
+                        listener = l;
+                        resume_all(parked, &mut conns, &shared);
+                    }
+                    Err(_) => {
+                        error!(
+                            "a hand-over ended without giving the listener back; this server stops serving"
+                        );
+                        return;
+                    }
                 }
-            },
+            }
         }
     }
     drop(listener);
@@ -231,25 +383,152 @@ async fn accept_loop(listener: Box<dyn Listener>, shared: Arc<Shared>) {
     }
 }
 
-async fn connection(stream: BoxStream, peer: String, shared: Arc<Shared>) {
+/// A connection task ended: a parked one (its reader stopped for a
+/// hand-over that has since failed or timed out) serves on.
+fn joined(done: Result<Option<Parked>, JoinError>, conns: &mut Conns, shared: &Arc<Shared>) {
+    match done {
+        Ok(Some(p)) => {
+            conns.spawn(resume(p, shared.clone()));
+        }
+        Ok(None) => {}
+        // A panic in one connection is a bug, but it must not take the
+        // server down.
+        Err(e) => warn!(error = %e, "NBD connection task failed"),
+    }
+}
+
+fn resume_all(parked: Vec<Parked>, conns: &mut Conns, shared: &Arc<Shared>) {
+    shared.pause.reset();
+    if !parked.is_empty() {
+        info!(connections = parked.len(), "resuming the connections the hand-over gave back");
+    }
+    for p in parked {
+        conns.spawn(resume(p, shared.clone()));
+    }
+}
+
+/// Stops every connection at a request boundary once its in-flight
+/// requests are answered, and collects them. Connections still in the
+/// handshake finish it first. If some are still busy after
+/// `shutdown_grace`, gives up: every connection serves on, and the reason
+/// is returned.
+async fn quiesce(conns: &mut Conns, shared: &Arc<Shared>) -> Result<Vec<Parked>, String> {
+    shared.pause.trigger();
+    let busy = conns.len();
+    info!(connections = busy, "quiescing for a hand-over: no new connections, each stops at a request boundary once its requests in flight are answered");
+    let mut parked = Vec::new();
+    let drained = shared
+        .env
+        .timeout(shared.cfg.shutdown_grace, async {
+            while let Some(done) = conns.join_next().await {
+                match done {
+                    Ok(Some(p)) => parked.push(p),
+                    Ok(None) => {}
+                    Err(e) => warn!(error = %e, "NBD connection task failed"),
+                }
+            }
+        })
+        .await;
+    if drained.is_err() {
+        let left = conns.len();
+        resume_all(parked, conns, shared);
+        return Err(format!(
+            "{left} connections still had requests in flight (or were still negotiating) after {:?}; is the cluster reachable?",
+            shared.cfg.shutdown_grace
+        ));
+    }
+    info!(
+        parked = parked.len(),
+        "quiesced: every connection stopped at a request boundary, nothing in flight"
+    );
+    Ok(parked)
+}
+
+async fn connection(stream: BoxStream, peer: String, shared: Arc<Shared>) -> Option<Parked> {
     debug!(%peer, "NBD connection");
     let mut stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, stream);
     let negotiated = match handshake::negotiate(&mut stream, &shared, &peer).await {
         Ok(Some(n)) => n,
         Ok(None) => {
             debug!(%peer, "NBD client ended negotiation");
-            return;
+            return None;
         }
         Err(e) => {
             e.log(&peer, "handshake");
-            return;
+            return None;
         }
     };
     debug!(%peer, export = %negotiated.name, structured = negotiated.session.structured, "NBD transmission");
-    match transmission::serve(stream, negotiated, shared, &peer).await {
-        Ok(()) => debug!(%peer, "NBD connection closed"),
-        Err(e) => e.log(&peer, "transmission"),
+    // What the client sent after its last option (nothing, usually) is
+    // the start of its first request.
+    let leftover = stream.buffer().to_vec();
+    transmit(stream.into_inner(), leftover, negotiated, peer, shared).await
+}
+
+/// The transmission phase of a connection; `Some` if it parked.
+async fn transmit(
+    stream: BoxStream,
+    leftover: Vec<u8>,
+    n: Negotiated,
+    peer: String,
+    shared: Arc<Shared>,
+) -> Option<Parked> {
+    match transmission::serve(stream, leftover, &n, shared, &peer).await {
+        Ok(Served::Closed) => {
+            debug!(%peer, "NBD connection closed");
+            None
+        }
+        Ok(Served::Parked { stream, leftover }) => {
+            debug!(%peer, leftover = leftover.len(), "NBD connection parked for a hand-over");
+            let flags = handshake::transmission_flags(n.session.structured, n.volume.is_read_only());
+            Some(Parked { stream, leftover, peer, export: n.name, session: n.session, flags })
+        }
+        Err(e) => {
+            e.log(&peer, "transmission");
+            None
+        }
     }
+}
+
+/// How long a connection given back by a failed hand-over (or adopted by
+/// a successor) waits for its volume's lease: a successor that died
+/// holding it, or a release that failed, leaves it to lapse
+/// (`blizzard_volume::lease::TTL`).
+const RESUME_OPEN_WAIT: Duration = Duration::from_secs(30);
+
+/// The volume `name`, open; waits while its lease is held elsewhere (up
+/// to [`RESUME_OPEN_WAIT`]).
+pub(crate) async fn open_waiting(shared: &Shared, name: &str) -> Result<Arc<Volume>, VolumeError> {
+    let start = shared.env.now();
+    loop {
+        match shared.registry.get(name).await {
+            Err(VolumeError::Held { .. }) if shared.env.now().duration_since(start) < RESUME_OPEN_WAIT => {
+                shared.env.sleep(Duration::from_millis(250)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Serves a parked connection again: its volume opened in this server
+/// (the same flags as the client was told), then the transmission phase
+/// from where it stopped.
+async fn resume(p: Parked, shared: Arc<Shared>) -> Option<Parked> {
+    let volume = match open_waiting(&shared, &p.export).await {
+        Ok(v) => v,
+        Err(e) => {
+            error!(peer = %p.peer, export = %p.export, error = %e, "cannot open the volume of a resumed NBD connection; closing it (its client loses the disk: reconnect it)");
+            return None;
+        }
+    };
+    let flags = handshake::transmission_flags(p.session.structured, volume.is_read_only());
+    if flags != p.flags {
+        error!(peer = %p.peer, export = %p.export, told = p.flags, now = flags, "a resumed NBD connection was told other transmission flags than this server would give (read-only differs?); closing it");
+        return None;
+    }
+    debug!(peer = %p.peer, export = %p.export, "NBD connection resumed");
+    let n = Negotiated { name: p.export, volume, session: p.session };
+    transmit(p.stream, p.leftover, n, p.peer, shared).await
 }
 
 /// Why a connection ended early.

@@ -17,14 +17,25 @@
 //! task is done), then closes the socket. A client that vanishes makes the
 //! writer fail, which stops the reader; tasks still complete their volume
 //! operation and their replies are dropped.
+//!
+//! Parking (a hand-over, `Shared::pause`): the reader stops only at a
+//! request boundary — waiting for a request slot, or for the first byte
+//! of the next header, before consuming anything of it — never in the
+//! middle of a request. The writer sends every in-flight reply as above
+//! but leaves the socket open, and [`serve`] returns the socket with the
+//! bytes read from it but not used (what the read buffer holds), so the
+//! next reader, here or in a successor, starts exactly where this one
+//! stopped. Bytes the client sent that were never read stay in the
+//! kernel's socket buffer.
 
 use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
 
+use blizzard_env::BoxStream;
 use blizzard_volume::{AllocExtent, Allocation, ErrorKind, Volume, VolumeError};
 
 use crate::handshake::Negotiated;
@@ -232,22 +243,40 @@ async fn execute(v: &Volume, cmd: Command, payload: Bytes) -> Result<Outcome, Vo
     }
 }
 
+/// How a connection's transmission phase ended.
+pub(crate) enum Served {
+    Closed,
+    /// Stopped at a request boundary for a hand-over, every reply sent:
+    /// the socket, and the bytes read from it but not used.
+    Parked {
+        stream: BoxStream,
+        leftover: Vec<u8>,
+    },
+}
+
+/// How the reader stopped without an error.
+enum Ended {
+    Closed,
+    Parked,
+}
+
 /// Serves a negotiated connection until the client leaves, breaks the
-/// protocol, or the server stops.
-pub(crate) async fn serve<S>(
-    stream: S,
-    n: Negotiated,
+/// protocol, or the server stops or parks it. `leftover`: bytes already
+/// read from `stream` (after the handshake, or by an earlier server) that
+/// come before anything still in the socket.
+pub(crate) async fn serve(
+    stream: BoxStream,
+    leftover: Vec<u8>,
+    n: &Negotiated,
     shared: Arc<Shared>,
     peer: &str,
-) -> Result<(), ConnError>
-where
-    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
+) -> Result<Served, ConnError> {
     let (rd, wr) = tokio::io::split(stream);
+    let mut rd = BufReader::with_capacity(READ_BUF_LEN, std::io::Cursor::new(leftover).chain(rd));
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     // Tells the reader that the writer can no longer reach the client.
     let writer_failed = Signal::default();
-    let reader = read_requests(rd, tx, &n, &shared, &writer_failed, peer);
+    let reader = read_requests(&mut rd, tx, n, &shared, &writer_failed, peer);
     let writer = async {
         let r = write_replies(BufWriter::with_capacity(WRITE_BUF_LEN, wr), rx).await;
         if r.is_err() {
@@ -258,14 +287,31 @@ where
     let (r, w) = tokio::join!(reader, writer);
     // The reader's reason comes first: a client that hung up mid-request
     // also breaks the writer.
-    r?;
-    w.map_err(ConnError::from)
+    let ended = r?;
+    let w = w?;
+    match ended {
+        Ended::Closed => {
+            w.into_inner().shutdown().await?;
+            Ok(Served::Closed)
+        }
+        Ended::Parked => {
+            // The read buffer's bytes come before what is left of the
+            // leftover it was filled from.
+            let mut leftover = rd.buffer().to_vec();
+            let (rest, rd) = rd.into_inner().into_inner();
+            let at = (rest.position() as usize).min(rest.get_ref().len());
+            leftover.extend_from_slice(&rest.get_ref()[at..]);
+            Ok(Served::Parked { stream: rd.unsplit(w.into_inner()), leftover })
+        }
+    }
 }
 
+/// Sends replies until every sender is gone, and returns the writer with
+/// everything flushed (the caller closes or keeps the socket).
 async fn write_replies<W: AsyncWrite + Unpin>(
     mut w: BufWriter<W>,
     mut rx: mpsc::UnboundedReceiver<Reply>,
-) -> std::io::Result<()> {
+) -> std::io::Result<BufWriter<W>> {
     while let Some(first) = rx.recv().await {
         put(&mut w, first).await?;
         // Coalesce whatever else is ready into the same flush.
@@ -274,7 +320,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         }
         w.flush().await?;
     }
-    w.shutdown().await
+    Ok(w)
 }
 
 async fn put<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, r: Reply) -> std::io::Result<()> {
@@ -331,14 +377,14 @@ enum Stop {
     WriterFailed,
 }
 
-async fn read_requests<R: AsyncRead + Unpin>(
-    mut rd: R,
+async fn read_requests<R: AsyncBufReadExt + Unpin>(
+    rd: &mut R,
     tx: mpsc::UnboundedSender<Reply>,
     n: &Negotiated,
     shared: &Arc<Shared>,
     writer_failed: &Signal,
     peer: &str,
-) -> Result<(), ConnError> {
+) -> Result<Ended, ConnError> {
     let in_flight = Arc::new(Semaphore::new(shared.cfg.requests_in_flight_max));
     let conn_bytes = Arc::new(Semaphore::new(shared.cfg.connection_buffered_bytes_max));
     let session = n.session;
@@ -357,26 +403,39 @@ async fn read_requests<R: AsyncRead + Unpin>(
     let stopped = |s: Stop| match s {
         Stop::Shutdown => Err(ConnError::Shutdown),
         // The writer's error is the one to report.
-        Stop::WriterFailed => Ok(()),
+        Stop::WriterFailed => Ok(Ended::Closed),
     };
     loop {
+        // A request boundary: nothing of the next request is consumed
+        // until the first byte of its header is in the buffer, so these
+        // two waits are where a hand-over parks the reader.
         let request_permit = tokio::select! {
             biased;
             s = &mut stop => return stopped(s),
+            _ = shared.pause.wait() => return Ok(Ended::Parked),
             p = in_flight.clone().acquire_owned() => match p {
                 Ok(p) => p,
-                Err(_) => return Ok(()),
+                Err(_) => return Ok(Ended::Closed),
             },
         };
+        let more = tokio::select! {
+            biased;
+            s = &mut stop => return stopped(s),
+            _ = shared.pause.wait() => return Ok(Ended::Parked),
+            r = rd.fill_buf() => !r?.is_empty(),
+        };
+        if !more {
+            debug!(%peer, "NBD client closed the connection without NBD_CMD_DISC");
+            return Ok(Ended::Closed);
+        }
         let mut hdr = [0u8; REQUEST_LEN];
         let more = tokio::select! {
             biased;
             s = &mut stop => return stopped(s),
-            r = read_header(&mut rd, &mut hdr) => r?,
+            r = read_header(&mut *rd, &mut hdr) => r?,
         };
         if !more {
-            debug!(%peer, "NBD client closed the connection without NBD_CMD_DISC");
-            return Ok(());
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
         }
         let req = decode_request(&hdr).map_err(|e| {
             let hint = if u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) == NBD_EXTENDED_REQUEST_MAGIC {
@@ -389,7 +448,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let cmd = match check_request(&req, &session).and_then(|c| check_read_only(c, read_only)) {
             Ok(Command::Disc) => {
                 debug!(%peer, "NBD_CMD_DISC");
-                return Ok(());
+                return Ok(Ended::Closed);
             }
             Ok(cmd) => cmd,
             Err(rej) => {
@@ -404,7 +463,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
                     tokio::select! {
                         biased;
                         s = &mut stop => return stopped(s),
-                        r = drain(&mut rd, rej.drain) => r?,
+                        r = drain(&mut *rd, rej.drain) => r?,
                     }
                 }
                 let p = Permits { _request: request_permit, _bytes: None };
@@ -436,7 +495,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 s = &mut stop => return stopped(s),
                 p = both => match p {
                     Ok(p) => Some(p),
-                    Err(_) => return Ok(()),
+                    Err(_) => return Ok(Ended::Closed),
                 },
             }
         } else {
@@ -446,7 +505,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             Command::Write { len, .. } => tokio::select! {
                 biased;
                 s = &mut stop => return stopped(s),
-                r = read_payload(&mut rd, len) => r?,
+                r = read_payload(&mut *rd, len) => r?,
             },
             _ => Bytes::new(),
         };

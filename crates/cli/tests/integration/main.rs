@@ -13,6 +13,7 @@ mod lsvd_snapshots;
 mod meta_failover;
 mod meta_failover_nbd;
 mod nbd_apps;
+mod nbd_upgrade;
 mod partition;
 mod replica_agreement;
 mod up_shutdown;

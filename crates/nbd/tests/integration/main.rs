@@ -10,3 +10,4 @@ mod read_only;
 mod robustness;
 mod tools;
 mod transmission;
+mod upgrade;
