@@ -231,6 +231,9 @@ pub struct BlobSimReport {
     /// records they replayed onto their data disks at restarts, all lives.
     pub journaled_writes: u64,
     pub journal_replayed: u64,
+    /// Blobs and volumes created with placement hybrid: an ssd primary,
+    /// hdd backups behind journals (design 0009).
+    pub hybrid_blobs: u64,
     pub simulated: Duration,
 }
 
@@ -479,7 +482,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 // Half the volumes hybrid (design 0009), drawn apart from
                 // the workload's stream so that stream stays as it was.
                 placement: match derive_seed(seed, &format!("vol{c}/placement")) % 2 {
-                    1 => Placement::Hybrid,
+                    1 if cfg.replication > 1 => Placement::Hybrid,
                     _ => Placement::Any,
                 },
             };
@@ -894,6 +897,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         journal_checkpoints,
         journaled_writes,
         journal_replayed,
+        hybrid_blobs: probe.hybrid_blobs.load(Ordering::Relaxed)
+            + vstats.iter().map(|s| s.hybrid).sum::<u64>(),
         simulated: sim.elapsed(),
     })
 }
@@ -958,6 +963,8 @@ struct Probe {
     faults_over: Arc<std::sync::atomic::AtomicBool>,
     rows_refilled: Arc<AtomicU64>,
     rows_grown: Arc<AtomicU64>,
+    /// Blobs the clients created hybrid (design 0009).
+    hybrid_blobs: Arc<AtomicU64>,
     /// Clients that saw the cluster whole after their writes, and whether
     /// the bit flips that follow are in.
     replicated: Arc<AtomicU64>,
@@ -988,14 +995,21 @@ async fn client_workload(
     // Odd-numbered clients place their blob hybrid where the table has
     // that section (design 0009): an ssd primary, hdd backups behind
     // journals, reads from the primary.
+    // (With 1-way replication a hybrid row is its ssd primary alone, so
+    // the journals would see fewer writes: those runs keep `any`.)
     let odd = host.trim_start_matches("client").parse::<usize>().is_ok_and(|c| c % 2 == 1);
-    let placement = match odd && client.tlt().has_placement(Placement::Hybrid) {
+    let placement = match odd && cfg.replication > 1 && client.tlt().has_placement(Placement::Hybrid) {
         true => Placement::Hybrid,
         false => Placement::Any,
     };
     let blob = loop {
         match client.create_placed_blob(None, cfg.replication, placement).await {
-            Ok(b) => break b,
+            Ok(b) => {
+                if placement == Placement::Hybrid {
+                    probe.hybrid_blobs.fetch_add(1, Ordering::Relaxed);
+                }
+                break b;
+            }
             Err(e) => {
                 trace.event(&host, format!("create failed, retrying: {e}"));
                 env.sleep(Duration::from_millis(200)).await;

@@ -236,13 +236,14 @@ async fn volume_io(
 }
 
 /// `manage::create` over [`SimBlobIo`]: creates the blob named after the
-/// volume and formats it (deleting it again if formatting fails).
+/// volume and formats it (deleting it again if formatting fails). Returns
+/// the placement it got.
 async fn create_volume(
     env: Env,
     client: &Client,
     spec: &VolumeSpec,
     writer: Option<&Writer>,
-) -> Result<Volume, VolumeError> {
+) -> Result<(Volume, blizzard_core::Placement), VolumeError> {
     Volume::validate(spec, client.tract_size())?;
     let placement = match client.tlt().has_placement(spec.placement) {
         true => spec.placement,
@@ -258,7 +259,7 @@ async fn create_volume(
     let id = blob.id();
     let io = volume_io(&env, client, blob, &spec.name, writer).await?;
     match Volume::format(env, io, spec).await {
-        Ok(v) => Ok(v),
+        Ok(v) => Ok((v, placement)),
         Err(e) => {
             let _ = client.delete_blob(id).await;
             Err(e)
@@ -291,6 +292,8 @@ pub struct VolumeStats {
     pub volume_checks: u64,
     /// Writes and trims acknowledged.
     pub acked_ops: u64,
+    /// The volume was created hybrid (design 0009).
+    pub hybrid: u64,
 }
 
 /// What a volume client keeps outside its process.
@@ -753,8 +756,10 @@ impl Life {
                     return open_volume(self.env.clone(), client, &cfg.name, writer.as_ref()).await;
                 }
                 match create_volume(self.env.clone(), client, &spec, writer.as_ref()).await {
-                    Ok(v) => {
-                        self.shared.lock().created = true;
+                    Ok((v, placement)) => {
+                        let mut s = self.shared.lock();
+                        s.created = true;
+                        s.stats.hybrid = u64::from(placement == blizzard_core::Placement::Hybrid);
                         Ok(v)
                     }
                     Err(VolumeError::Exists(n)) => {

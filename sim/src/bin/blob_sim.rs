@@ -165,7 +165,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} hybrid_blobs={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -190,6 +190,7 @@ fn main() -> ExitCode {
                     r.journal_checkpoints,
                     r.journaled_writes,
                     r.journal_replayed,
+                    r.hybrid_blobs,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -217,8 +218,8 @@ fn main() -> ExitCode {
     // (refused by the writer fence), tracts reconciled, chunks repaired,
     // replica checks; the tractservers' journal checkpoints, and the hdd
     // tractservers' journaled writes and replayed records.
-    let mut vol = [0u64; 11];
-    const VOL_FIELDS: [&str; 11] = [
+    let mut vol = [0u64; 12];
+    const VOL_FIELDS: [&str; 12] = [
         "volume_ops=",
         "volume_crashes=",
         "volume_crashes_in_flight=",
@@ -230,6 +231,7 @@ fn main() -> ExitCode {
         "journal_checkpoints=",
         "journaled_writes=",
         "journal_replayed=",
+        "hybrid_blobs=",
     ];
     run_seeds(&exe, &seeds, a.jobs, &config_flags(&a), |seed, out| match out {
         Ok(o) if o.status.success() => {

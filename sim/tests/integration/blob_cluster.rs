@@ -112,7 +112,7 @@ fn volume_clients_crash_mid_write_and_recover() {
 #[test]
 fn planted_no_writer_fence_is_caught() {
     let (ok, out) = sim(
-        "--seeds 5 --first 95 --replication 3 --tractservers 8 --joining 2 --late 1 --plant no-writer-fence",
+        "--seeds 5 --first 11 --replication 3 --tractservers 8 --joining 2 --late 1 --plant no-writer-fence",
     );
     assert!(
         !ok,
