@@ -989,6 +989,10 @@ async fn client_workload(
     cc.attempts = 30;
     cc.backoff_max = Duration::from_millis(500);
     cc.connect_timeout = Duration::from_secs(120);
+    // Odd-numbered clients also send every write once, to the row's
+    // primary, which forwards it (size-aware replication, Ursa §3.4).
+    let odd = host.trim_start_matches("client").parse::<usize>().is_ok_and(|c| c % 2 == 1);
+    cc.forward_above = odd.then_some(0);
     let client = Client::connect(env.clone(), cc).await?;
     let mut rng = SmallRng::seed_from_u64(env.random_u64());
     let ts = cfg.tract_size;
@@ -997,7 +1001,6 @@ async fn client_workload(
     // journals, reads from the primary.
     // (With 1-way replication a hybrid row is its ssd primary alone, so
     // the journals would see fewer writes: those runs keep `any`.)
-    let odd = host.trim_start_matches("client").parse::<usize>().is_ok_and(|c| c % 2 == 1);
     let placement = match odd && cfg.replication > 1 && client.tlt().has_placement(Placement::Hybrid) {
         true => Placement::Hybrid,
         false => Placement::Any,

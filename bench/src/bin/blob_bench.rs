@@ -61,6 +61,12 @@ struct Args {
     /// directory's storage (class hdd; design 0009).
     #[arg(long, value_parser = size_arg)]
     journal_size: Option<u64>,
+    /// Size-aware replication (Ursa §3.4): writes larger than this go once,
+    /// to the row's primary, which forwards them to the backups
+    /// (`ClientConfig::forward_above`); smaller ones, and all without the
+    /// flag, go from the client to every replica.
+    #[arg(long, value_parser = size_arg)]
+    forward_above: Option<u64>,
 }
 
 #[tokio::main]
@@ -87,7 +93,8 @@ async fn main() -> Result<()> {
     // New disk files are zero-filled in the background first; measuring
     // alongside that would charge its writes to the benchmark.
     cluster.wait_disks_prepared(Duration::from_secs(600)).await?;
-    let client = cluster.client().await?;
+    let forward_above = a.forward_above.map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+    let client = cluster.client_with(|c| c.forward_above = forward_above).await?;
     let blob = client.create_blob(None, a.replication).await?;
     blob.extend_to(tracts).await?;
     let inflight = a.inflight.unwrap_or(client.simultaneous_limit());
@@ -135,7 +142,7 @@ async fn main() -> Result<()> {
         let cpu = cpu_seconds() - cpu0;
         let bytes = n_req * req;
         println!(
-            "result label={} replication={} tractservers={} pattern={} request={} phase={} bytes={} seconds={:.3} mbps={:.1} iops={:.0} cpu_s_per_gb={:.3}",
+            "result label={} replication={} tractservers={} pattern={} request={} phase={} bytes={} seconds={:.3} mbps={:.1} iops={:.0} mean_latency_us={:.0} cpu_s_per_gb={:.3}",
             a.label,
             a.replication,
             a.tractservers,
@@ -146,6 +153,7 @@ async fn main() -> Result<()> {
             secs,
             bytes as f64 / 1e6 / secs,
             n_req as f64 / secs,
+            secs * 1e6 * inflight.min(n_req as usize) as f64 / n_req.max(1) as f64,
             cpu / (bytes as f64 / 1e9),
         );
     }

@@ -375,7 +375,14 @@ impl Cluster {
 
     /// A client of this cluster.
     pub async fn client(&self) -> Result<Client, ClusterError> {
-        Ok(Client::connect(self.env.clone(), ClientConfig::new(self.meta_addr.clone())).await?)
+        self.client_with(|_| {}).await
+    }
+
+    /// A client of this cluster, configured by `tune` first.
+    pub async fn client_with(&self, tune: impl FnOnce(&mut ClientConfig)) -> Result<Client, ClusterError> {
+        let mut cfg = ClientConfig::new(self.meta_addr.clone());
+        tune(&mut cfg);
+        Ok(Client::connect(self.env.clone(), cfg).await?)
     }
 
     pub async fn stop(mut self) {

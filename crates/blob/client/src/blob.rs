@@ -24,7 +24,7 @@ use blizzard_core::crc::{first_bad_piece, piece_crcs};
 use blizzard_core::limits::CHUNK_SIZE;
 use blizzard_core::reconcile::{plan, ChunkState, Plan, Reconciled, RepairAction};
 use blizzard_core::{BlobId, Incarnation, Placement, TractNo};
-use blizzard_proto::{BlobMeta, ErrorCode, ExtendMode, Reply, Request, TractAddr};
+use blizzard_proto::{BlobMeta, ErrorCode, ExtendMode, Onward, Reply, Request, TractAddr};
 
 use crate::client::{classify, Client, ClientError, Failed, Next};
 
@@ -235,9 +235,41 @@ impl Blob {
         let _permit = self.client.permit().await?;
         let c = &self.client;
         let (data, crcs) = (&data, &crcs);
+        // Size-aware replication (`ClientConfig::forward_above`).
+        let forward =
+            !cached && r > 1 && c.inner.cfg.forward_above.is_some_and(|min| data.len() > min as usize);
         c.retry(|tlt, _| async move {
             let row = &tlt.rows[tlt.locate(self.id(), TractNo(tract as i64))];
             let (addr, crcs) = (self.addr(tract, row.version), crcs.clone());
+            if forward {
+                let primary = row.members[0];
+                let pool = &c.inner.pool;
+                let to: Vec<Onward> = row
+                    .writers(r)
+                    .filter(|m| *m != primary)
+                    .map(|m| {
+                        let addr = tlt.members[m as usize].addr.clone();
+                        Onward { epoch: pool.epoch(&addr), addr }
+                    })
+                    .collect();
+                let req = Request::WriteTractForward { addr, offset, crcs, to: to.clone(), on_behalf: None };
+                return match pool.call(&tlt.members[primary as usize].addr, &req, data.clone()).await {
+                    Ok(_) => {
+                        c.inner.stats.forwarded_writes.fetch_add(1, Ordering::Relaxed);
+                        Ok(CacheReceipt::new())
+                    }
+                    Err(e) => {
+                        // Invariant: a copy this attempt forwarded may
+                        // still land on a backup; the retry, and anything
+                        // after, reach it at a newer epoch, which refuses
+                        // that copy (`Pool::fence`).
+                        for o in &to {
+                            pool.fence(&o.addr);
+                        }
+                        Err(Failed::of(&e))
+                    }
+                };
+            }
             let req = if cached {
                 Request::WriteTractCached { addr, offset, crcs }
             } else {

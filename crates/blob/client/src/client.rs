@@ -38,6 +38,14 @@ pub struct ClientConfig {
     /// before they send (receiver-driven flow control, `blizzard_rpc`'s
     /// `flow`); `None` sends them at once (comparisons only).
     pub large_transfer_min: Option<u32>,
+    /// Size-aware replication (Ursa §3.4): a durable write of more than
+    /// this many bytes to a replicated blob goes once, to the row's
+    /// primary, which forwards it to the backups (`WriteTractForward`), so
+    /// the client's link carries it once; smaller ones go to every replica
+    /// at once. `None` (the default): every write goes to every replica
+    /// from here. On one machine there is no link to save, and a forwarded
+    /// write pays a hop more (docs/benchmarks.md).
+    pub forward_above: Option<u32>,
 }
 
 impl ClientConfig {
@@ -51,6 +59,7 @@ impl ClientConfig {
             backoff_max: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(30),
             large_transfer_min: Some(blizzard_rpc::LARGE_TRANSFER_MIN),
+            forward_above: None,
         }
     }
 }
@@ -94,6 +103,8 @@ pub struct ClientStats {
     pub stale_rejections: AtomicU64,
     pub retries: AtomicU64,
     pub read_fallbacks: AtomicU64,
+    /// Writes sent once, to a row's primary, which forwarded them.
+    pub forwarded_writes: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -178,6 +189,9 @@ pub(crate) fn classify(e: &RpcError) -> Next {
     match e {
         RpcError::Remote { addr, reply } => match reply.code {
             ErrorCode::StaleVersion | ErrorCode::NotOwner => Next::Refresh,
+            // A backup a forwarded write could not reach may have died:
+            // the table may name its replacement.
+            ErrorCode::Unreachable => Next::RefreshBackoff,
             ErrorCode::Conflict
             | ErrorCode::NotReady
             | ErrorCode::Busy

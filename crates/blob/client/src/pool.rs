@@ -85,8 +85,7 @@ impl Pool {
 
     async fn conn(&self, addr: &str, lane: Lane) -> Result<RpcConn, RpcError> {
         let slot = lock(&self.conns).entry((addr.to_string(), lane)).or_default().clone();
-        let epoch =
-            lock(&self.epochs).entry(addr.to_string()).or_insert_with(|| Arc::new(AtomicU64::new(1))).clone();
+        let epoch = self.epoch_of(addr);
         // One dial per peer and lane at a time; others wait and share it.
         let mut g = slot.lock().await;
         let current = epoch.load(Ordering::Acquire);
@@ -122,6 +121,24 @@ impl Pool {
         };
         *g = Some((c.clone(), e));
         Ok(c)
+    }
+
+    fn epoch_of(&self, addr: &str) -> Arc<AtomicU64> {
+        lock(&self.epochs).entry(addr.to_string()).or_insert_with(|| Arc::new(AtomicU64::new(1))).clone()
+    }
+
+    /// The epoch this pool's requests to `addr` travel at now: a write
+    /// forwarded there acts for it (`Request::WriteTractForward`).
+    pub fn epoch(&self, addr: &str) -> u64 {
+        self.epoch_of(addr).load(Ordering::Acquire)
+    }
+
+    /// Raises `addr`'s epoch, as a failed connection to it does: a
+    /// forwarded copy sent for the old epoch may still land there, so
+    /// everything sent afterwards, directly (the next request dials
+    /// again) or forwarded, travels at a newer one, which refuses it.
+    pub fn fence(&self, addr: &str) {
+        self.epoch_of(addr).fetch_add(1, Ordering::AcqRel);
     }
 
     /// Sends `req` to `addr` on the lane its size calls for.

@@ -36,6 +36,9 @@ pub enum Opcode {
     // Reconciliation after a writer's crash: what each replica holds,
     // chunk by chunk (it also fences the blob's older writers).
     DigestTract = 0x010A,
+    // Size-aware replication (Ursa §3.4): a large write sent once, to the
+    // row's primary, which applies it and forwards it to the backups.
+    WriteTractForward = 0x010B,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -60,7 +63,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 29] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -73,6 +76,7 @@ impl Opcode {
         Opcode::ListRowTracts,
         Opcode::CopyTract,
         Opcode::DigestTract,
+        Opcode::WriteTractForward,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -113,6 +117,28 @@ pub struct TractAddr {
     pub writer: u64,
 }
 wire_struct!(TractAddr { blob: BlobId, incarnation: u64, tract: TractNo, row_version: u64, writer: u64 });
+
+/// The client connection a forwarded write acts for: its `Hello`'s session
+/// and epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnBehalf {
+    pub session: u64,
+    pub epoch: u64,
+}
+wire_struct!(OnBehalf { session: u64, epoch: u64 });
+
+/// A server a write is forwarded to, and the epoch of the client's
+/// session with it (the client's connections to it say hello with it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Onward {
+    pub addr: String,
+    pub epoch: u64,
+}
+wire_struct!(Onward { addr: String, epoch: u64 });
+
+/// Most addresses one `WriteTractForward` names: a row's other members and
+/// their pending members.
+pub const FORWARD_TO_MAX: usize = 2 * blizzard_core::limits::REPLICATION_MAX as usize;
 
 /// Most entries a `Reply::Digest` may hold: one per chunk of the largest
 /// tract.
@@ -252,6 +278,22 @@ pub enum Request {
         offset: u32,
         crcs: Vec<u32>,
     },
+    /// `WriteTract` sent once (Ursa §3.4): the server applies it and sends
+    /// it on to each server in `to` (the row's other writers, as the
+    /// client's table names them), with `to` empty and `on_behalf` the
+    /// client's session with the epoch the client gave for that server,
+    /// so a forwarded copy the client gave up on is fenced by the session
+    /// there like a direct one (`rpc::session`; epochs are per server).
+    /// Replies once every copy is durable, or with the first failure
+    /// (`ErrorCode::Unreachable` for a copy that could not be delivered).
+    /// At most [`FORWARD_TO_MAX`] servers.
+    WriteTractForward {
+        addr: TractAddr,
+        offset: u32,
+        crcs: Vec<u32>,
+        to: Vec<Onward>,
+        on_behalf: Option<OnBehalf>,
+    },
     /// Make every write this server has acknowledged durable; the reply
     /// carries the boot id (a different one than a cached write's reply
     /// means the server restarted in between and the write may be lost).
@@ -359,6 +401,7 @@ impl Request {
             Request::MappedTract { .. } => Opcode::MappedTract,
             Request::DigestTract { .. } => Opcode::DigestTract,
             Request::WriteTractCached { .. } => Opcode::WriteTractCached,
+            Request::WriteTractForward { .. } => Opcode::WriteTractForward,
             Request::SyncDisk => Opcode::SyncDisk,
             Request::ListRowTracts { .. } => Opcode::ListRowTracts,
             Request::CopyTract { .. } => Opcode::CopyTract,
@@ -397,6 +440,13 @@ impl Request {
                 addr.put(&mut w);
                 offset.put(&mut w);
                 crcs.put(&mut w);
+            }
+            Request::WriteTractForward { addr, offset, crcs, to, on_behalf } => {
+                addr.put(&mut w);
+                offset.put(&mut w);
+                crcs.put(&mut w);
+                to.put(&mut w);
+                on_behalf.put(&mut w);
             }
             Request::ReadTract { addr, offset, len } => {
                 addr.put(&mut w);
@@ -488,6 +538,14 @@ impl Request {
             }
             Opcode::WriteTractCached => {
                 Request::WriteTractCached { addr: Wire::get(r)?, offset: Wire::get(r)?, crcs: Wire::get(r)? }
+            }
+            Opcode::WriteTractForward => {
+                let (addr, offset, crcs) = (Wire::get(r)?, Wire::get(r)?, Wire::get(r)?);
+                let to: Vec<Onward> = Wire::get(r)?;
+                if to.len() > FORWARD_TO_MAX {
+                    return Err(DecodeError::BadValue { field: "forward addresses", value: to.len() as u64 });
+                }
+                Request::WriteTractForward { addr, offset, crcs, to, on_behalf: Wire::get(r)? }
             }
             Opcode::ReadTract => {
                 Request::ReadTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }
@@ -600,6 +658,9 @@ pub enum ErrorCode {
     /// `ErrorReply::current_version` is the leader's replica id if this
     /// one knows it (0 if not), and the message names its address.
     NotLeader = 20,
+    /// A server this request was to be forwarded to could not be reached
+    /// (`WriteTractForward`): the table may name its replacement.
+    Unreachable = 21,
 }
 
 impl ErrorCode {
@@ -626,6 +687,7 @@ impl ErrorCode {
             Aborted,
             Fenced,
             NotLeader,
+            Unreachable,
         ]
         .into_iter()
         .find(|c| *c as u16 == v)
@@ -641,6 +703,7 @@ impl ErrorCode {
                 | ErrorCode::NotReady
                 | ErrorCode::Busy
                 | ErrorCode::NotLeader
+                | ErrorCode::Unreachable
         )
     }
 }
@@ -775,6 +838,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::Ping
             | Opcode::Hello
             | Opcode::WriteTract
+            | Opcode::WriteTractForward
             | Opcode::DeleteTract
             | Opcode::TrimTract
             | Opcode::MetaPrepare

@@ -86,6 +86,21 @@ impl Caller {
         Caller { session: None, sessions: Arc::new(Sessions::default()) }
     }
 
+    /// The (session, epoch) of the connection the request came on.
+    pub fn session(&self) -> Option<(u64, u64)> {
+        self.session
+    }
+
+    /// The caller a forwarded request acts for (`WriteTractForward`): the
+    /// client connection's session and epoch at the server that forwarded
+    /// it, recorded here as a `Hello` would be. A forwarded copy the
+    /// client gave up on is then refused once the client's retry, direct
+    /// or forwarded, was seen at a newer epoch, exactly as a direct one.
+    pub fn on_behalf(&self, session: u64, epoch: u64) -> Caller {
+        self.sessions.hello(session, epoch);
+        Caller { session: Some((session, epoch)), sessions: self.sessions.clone() }
+    }
+
     /// Whether no newer connection of this caller's session has been seen:
     /// a change from it may be applied.
     pub fn is_current(&self) -> bool {
@@ -116,6 +131,21 @@ mod tests {
         s.hello(1, 1);
         assert!(!old.is_current());
         assert!(Caller::internal().is_current());
+    }
+
+    /// A forwarded copy acts for the client's session: it is fenced by a
+    /// newer epoch of that session seen directly, and it fences older ones.
+    #[test]
+    fn a_forwarded_request_is_fenced_by_its_clients_session() {
+        let s = Arc::new(Sessions::default());
+        let peer = Caller::new(Some((99, 1)), s.clone()); // the forwarding server's connection
+        let fwd = peer.on_behalf(7, 3);
+        assert!(fwd.is_current());
+        assert!(!Caller::new(Some((7, 2)), s.clone()).is_current(), "the forwarded epoch fences older ones");
+        s.hello(7, 4);
+        assert!(!fwd.is_current(), "a newer direct connection fences the forwarded copy");
+        assert!(peer.is_current(), "the forwarding server's own session is not touched");
+        assert_eq!(fwd.session(), Some((7, 3)));
     }
 
     #[test]

@@ -57,6 +57,17 @@ impl Peers {
         c.call_timeout(&self.env, self.request_timeout, req, Bytes::new()).await.map(|(r, _)| r)
     }
 
+    /// Calls a server by address with a data part, returning the reply's.
+    pub async fn call_addr_data(
+        &self,
+        addr: &str,
+        req: &Request,
+        data: Bytes,
+    ) -> Result<(Reply, Bytes), RpcError> {
+        let c = self.conns.get(&self.env, addr).await?;
+        c.call_timeout(&self.env, self.request_timeout, req, data).await
+    }
+
     /// A tractserver's address: the one known, or (`refresh`, or none
     /// known) the TLT's.
     async fn addr_of(&self, id: TsId, refresh: bool) -> Result<String, RpcError> {

@@ -26,8 +26,10 @@ use futures::FutureExt;
 use blizzard_core::{BlobId, TractNo, TsId};
 use blizzard_env::Env;
 use blizzard_proto::codec::encode;
-use blizzard_proto::{Assignment, BlobMeta, ErrorCode, ErrorReply, Reply, Request, TractAddr};
-use blizzard_rpc::{Caller, Service};
+use blizzard_proto::{
+    Assignment, BlobMeta, ErrorCode, ErrorReply, OnBehalf, Onward, Reply, Request, TractAddr, FORWARD_TO_MAX,
+};
+use blizzard_rpc::{Caller, RpcError, Service};
 
 use crate::blob_meta::{self, decode_meta, encode_meta, BlobMetas, MetaOp, Planned};
 use crate::fill::Filler;
@@ -234,6 +236,9 @@ impl TractService {
             Request::WriteTractCached { addr, offset, crcs } => {
                 none(self.write_tract(&addr, offset, &crcs, data, Durability::Cached, &caller).await)
             }
+            Request::WriteTractForward { addr, offset, crcs, to, on_behalf } => {
+                none(self.write_forward(&addr, offset, &crcs, &to, on_behalf, data, &caller).await)
+            }
             Request::SyncDisk => none(self.sync_disk().await),
             Request::ReadTract { addr, offset, len } => match self.read_tract(&addr, offset, len).await {
                 Ok((reply, data)) => (Ok(reply), data),
@@ -342,6 +347,65 @@ impl TractService {
             }
         }
         r.map(|_| reply).map_err(|e| change_err(e, addr, &refused_by))
+    }
+
+    /// `WriteTractForward` (Ursa §3.4, size-aware replication): applies
+    /// the write here, durably, and sends it on to every server in `to` at
+    /// once, each copy acting for the client's session at the epoch the
+    /// client gave for that server (a copy that arrived here already acts
+    /// for it: `on_behalf`); replies once all are durable, or with the
+    /// first failure, naming the server. A forwarded copy names no servers:
+    /// one hop at most.
+    #[allow(clippy::too_many_arguments, reason = "the request's fields, one function per opcode")]
+    async fn write_forward(
+        &self,
+        addr: &TractAddr,
+        offset: u32,
+        crcs: &[u32],
+        to: &[Onward],
+        on_behalf: Option<OnBehalf>,
+        data: Bytes,
+        caller: &Caller,
+    ) -> Result<Reply, ErrorReply> {
+        if to.len() > FORWARD_TO_MAX || (on_behalf.is_some() && !to.is_empty()) {
+            return Err(ErrorReply::new(
+                ErrorCode::BadRequest,
+                "a write is forwarded once, to at most 32 servers",
+            ));
+        }
+        let me = match on_behalf {
+            Some(o) => caller.on_behalf(o.session, o.epoch),
+            None => caller.clone(),
+        };
+        let session = caller.session().map(|(s, _)| s);
+        let onward = |epoch: u64| Request::WriteTractForward {
+            addr: *addr,
+            offset,
+            crcs: crcs.to_vec(),
+            to: Vec::new(),
+            on_behalf: session.map(|session| OnBehalf { session, epoch }),
+        };
+        let local = self.write_tract(addr, offset, crcs, data.clone(), Durability::Synced, &me);
+        let copies = futures::future::join_all(to.iter().map(|o| {
+            let (req, data) = (onward(o.epoch), data.clone());
+            async move { (&o.addr, self.peers.call_addr_data(&o.addr, &req, data).await) }
+        }));
+        let (local, copies) = futures::join!(local, copies);
+        local?;
+        for (a, copy) in copies {
+            match copy {
+                Ok(_) => {}
+                // The backup's own answer (a stale row version, a fence, a
+                // full disk) goes back to the client as it is.
+                Err(RpcError::Remote { reply, .. }) => {
+                    return Err(ErrorReply { message: format!("{a}: {}", reply.message), ..reply })
+                }
+                Err(e) => {
+                    return Err(ErrorReply::new(ErrorCode::Unreachable, format!("forwarding to {a}: {e}")))
+                }
+            }
+        }
+        Ok(Reply::Done)
     }
 
     /// `SyncDisk`: makes every cached write durable.

@@ -236,6 +236,33 @@ async fn a_stopped_tractserver_is_re_replicated_under_writes() -> R {
     Ok(())
 }
 
+/// Size-aware replication (Ursa §3.4) through a failure: a client that
+/// sends writes above 4 KiB once, to the row's primary, which forwards
+/// them to the backups, keeps every byte on every replica while a
+/// tractserver dies and its rows are re-replicated (forwarded copies go to
+/// newcomers too, and ones cut off by the failure are retried at a newer
+/// epoch of the client's session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_writes_keep_every_replica_through_a_failure() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut c = cluster(&dir, 6, 3).await;
+    let client = c.client_with(|cfg| cfg.forward_above = Some(4096)).await?;
+    let mut model = Model::new(&client, &[3, 2], 32, 11).await?;
+    model.verify_replicas().await?;
+    let forwarded = client.stats().forwarded_writes.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(forwarded > 0, "writes above 4 KiB were forwarded");
+    let victim = c.tractserver(1).unwrap().addr.clone();
+    c.stop_tractserver(1).await;
+    load_until_fully_replicated(&client, &mut model, std::slice::from_ref(&victim)).await?;
+    for _ in 0..50 {
+        model.write().await?;
+    }
+    model.verify_replicas().await?;
+    assert!(client.stats().forwarded_writes.load(std::sync::atomic::Ordering::Relaxed) > forwarded);
+    c.stop().await;
+    Ok(())
+}
+
 /// Two tractservers join a loaded 8-server cluster (FDS §3.4): each takes
 /// its share of TLT entries as pending, copies them while clients write to
 /// both the old and the new member, and is committed; the servers it

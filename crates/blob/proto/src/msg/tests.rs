@@ -51,6 +51,20 @@ fn samples() -> Vec<Request> {
         Request::MappedTract { addr: addr() },
         Request::DigestTract { addr: TractAddr { writer: u64::MAX, ..addr() } },
         Request::WriteTractCached { addr: addr(), offset: 8192, crcs: vec![1, 2] },
+        Request::WriteTractForward {
+            addr: addr(),
+            offset: 4096,
+            crcs: vec![3],
+            to: vec![Onward { addr: "b:1".into(), epoch: 4 }, Onward { addr: "c:1".into(), epoch: 1 }],
+            on_behalf: None,
+        },
+        Request::WriteTractForward {
+            addr: addr(),
+            offset: 0,
+            crcs: vec![],
+            to: vec![],
+            on_behalf: Some(OnBehalf { session: 7, epoch: 2 }),
+        },
         Request::SyncDisk,
         Request::ListRowTracts { row: 4, row_version: 5, after: None },
         Request::ListRowTracts {
@@ -317,4 +331,12 @@ fn sections_keep_the_old_encoding_when_absent() {
     assert_eq!(decode::<Assignment>(&encode(&a)), Ok(a.clone()));
     assert_eq!(a.locate(Placement::Hybrid.place(BlobId(5)), TractNo(0)), Some(1));
     assert_eq!(a.locate(BlobId(5), TractNo(0)), Some(0));
+}
+
+/// A forwarded write names at most `FORWARD_TO_MAX` servers.
+#[test]
+fn too_many_forward_addresses_are_refused() {
+    let to = vec![Onward { addr: "a:1".into(), epoch: 1 }; FORWARD_TO_MAX + 1];
+    let req = Request::WriteTractForward { addr: addr(), offset: 0, crcs: vec![], to, on_behalf: None };
+    assert!(Request::decode(Opcode::WriteTractForward, &req.encode()).is_err());
 }
