@@ -175,7 +175,13 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
             let params = cluster_params(&env, &meta).await;
             tracing::info!(disk = %path, tract_size = params.tract_size, "formatting new disk");
             let id = TsId(env.random_u128());
-            Store::format_with(disk, id, params.tract_size, env.clock.as_ref(), cfg.journal_len)
+            // A slow disk behind a backup journal gets a chunk-entry ring
+            // as deep as that journal (`layout::journal_len_behind_backup`).
+            let backup = cfg.journal.as_ref().and_then(|j| j.create_size);
+            let journal_len = cfg.journal_len.or_else(|| {
+                backup.map(|b| crate::layout::journal_len_behind_backup(params.tract_size, disk.len(), b))
+            });
+            Store::format_with(disk, id, params.tract_size, env.clock.as_ref(), journal_len)
                 .await
                 .map_err(|error| TractServerError::Store { path: path.clone(), error })?
         }

@@ -314,6 +314,21 @@ pub fn journal_len_for(tract_size: u32, disk_len: u64) -> u64 {
     len
 }
 
+/// The ring for a slow disk behind a backup journal of `backup_len` bytes
+/// (design 0009): big enough for the chunk entries of everything that
+/// journal can hold (a record of a 4 KiB write is about 4.5 KiB there and
+/// at most 512 bytes here), so that a small write waits for neither: a
+/// checkpoint frees this ring only once the slow disk has synced, which
+/// takes seconds, while the backup journal is destaged in the background.
+/// Never less than [`journal_len_for`], never more than a quarter of the
+/// disk (the rest holds tracts).
+pub fn journal_len_behind_backup(tract_size: u32, disk_len: u64, backup_len: u64) -> u64 {
+    let default = journal_len_for(tract_size, disk_len);
+    let want = align_up(backup_len / 8, REGION_ALIGN);
+    let most = (disk_len / 4) / REGION_ALIGN * REGION_ALIGN;
+    want.min(most).max(default)
+}
+
 /// What a slot holds. `Free` slots keep their generation so the next
 /// tenant's generation is higher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -473,6 +488,23 @@ pub fn decode_positions(b: &[u8]) -> Option<(u64, &[u8])> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A slow disk's ring holds an eighth of its backup journal, within
+    /// what a plan accepts.
+    #[test]
+    fn a_ring_behind_a_backup_journal_is_as_deep_as_it_needs() -> Result<(), LayoutError> {
+        for (tract, disk, backup) in
+            [(8u32 << 20, 2u64 << 30, 512u64 << 20), (8 << 20, 2 << 30, 1 << 20), (65536, 64 << 20, 1 << 30)]
+        {
+            let len = journal_len_behind_backup(tract, disk, backup);
+            assert!(journal_len_valid(tract, disk, len), "{tract} {disk} {backup}: {len}");
+            assert!(len >= journal_len_for(tract, disk));
+            assert!(len >= (backup / 8).min(disk / 4 / 4096 * 4096));
+            assert!(Layout::plan_with(TsId(1), tract, disk, Some(len))?.slot_count > 0);
+        }
+        assert_eq!(journal_len_behind_backup(8 << 20, 2 << 30, 512 << 20), 64 << 20);
+        Ok(())
+    }
 
     /// Regions do not overlap, are aligned, and the data fits on the disk.
     #[test]
