@@ -112,7 +112,7 @@ fn volume_clients_crash_mid_write_and_recover() {
 #[test]
 fn planted_no_writer_fence_is_caught() {
     let (ok, out) = sim(
-        "--seeds 5 --first 11 --replication 3 --tractservers 8 --joining 2 --late 1 --plant no-writer-fence",
+        "--seeds 5 --first 18 --replication 3 --tractservers 8 --joining 2 --late 1 --plant no-writer-fence",
     );
     assert!(
         !ok,
@@ -189,7 +189,7 @@ fn planted_checkpoint_skips_table_is_caught() {
 #[test]
 fn planted_no_fence_is_caught() {
     let (ok, out) =
-        sim("--seeds 6 --first 7013 --replication 3 --tractservers 6 --duplicates 1 --plant no-fence");
+        sim("--seeds 12 --first 7049 --replication 3 --tractservers 6 --duplicates 1 --plant no-fence");
     assert!(!ok, "late duplicates applied after newer writes went unnoticed:\n{out}");
     assert!(
         out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
