@@ -234,6 +234,11 @@ pub struct BlobSimReport {
     /// Blobs and volumes created with placement hybrid: an ssd primary,
     /// hdd backups behind journals (design 0009).
     pub hybrid_blobs: u64,
+    /// Tracts that tractservers back in rows they held before repaired
+    /// rather than copied whole, and the bytes those repairs kept
+    /// (incremental repair, design 0009), all lives.
+    pub tracts_repaired: u64,
+    pub repair_kept_bytes: u64,
     pub simulated: Duration,
 }
 
@@ -247,8 +252,9 @@ const TS_DISK: u64 = 16 << 20;
 const TS_JOURNAL: u64 = 4096;
 
 /// Per tractserver and life: chunk-entry journal checkpoints, writes its
-/// backup journal acknowledged, and records it replayed at start.
-type LifeFigures = std::collections::BTreeMap<(usize, u64), [u64; 3]>;
+/// backup journal acknowledged, records it replayed at start, tracts it
+/// repaired and the bytes those repairs kept.
+type LifeFigures = std::collections::BTreeMap<(usize, u64), [u64; 5]>;
 
 /// Blob clients' writes of at least this many bytes ask before they send
 /// (flow control with tiny bounds, as the rest of this configuration has:
@@ -419,6 +425,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                 // This life's checkpoints, kept up to date for the report
                 // (a crash ends the life without a word).
                 let store = h.service.store.clone();
+                let fill = h.service.fill.clone();
                 let count = async {
                     loop {
                         let st = &store.stats;
@@ -426,6 +433,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                             store.journal_checkpoints(),
                             st.journaled_writes.load(Ordering::Relaxed),
                             st.journal_replayed.load(Ordering::Relaxed),
+                            fill.tracts_repaired(),
+                            fill.unchanged_bytes(),
                         ];
                         checkpoints.borrow_mut().insert((i, life), figures);
                         env.sleep(Duration::from_millis(100)).await;
@@ -871,6 +880,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let vstats: Vec<vc::VolumeStats> = volumes.iter().map(|v| v.stats()).collect();
     let sum = |k: usize| -> u64 { checkpoints.borrow().values().map(|f| f[k]).sum() };
     let (journal_checkpoints, journaled_writes, journal_replayed) = (sum(0), sum(1), sum(2));
+    let (tracts_repaired, repair_kept_bytes) = (sum(3), sum(4));
     Ok(BlobSimReport {
         seed,
         trace,
@@ -899,6 +909,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         journal_replayed,
         hybrid_blobs: probe.hybrid_blobs.load(Ordering::Relaxed)
             + vstats.iter().map(|s| s.hybrid).sum::<u64>(),
+        tracts_repaired,
+        repair_kept_bytes,
         simulated: sim.elapsed(),
     })
 }

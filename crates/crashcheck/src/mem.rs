@@ -35,8 +35,7 @@ use futures::FutureExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use blizzard_core::crc::crc32c;
-use blizzard_core::reconcile::{plan, ChunkState, Reconciled, RepairAction};
+use blizzard_core::reconcile::{chunk_digest, plan, ChunkState, Reconciled, RepairAction};
 use blizzard_env::Env;
 use blizzard_volume::io::{BlobIo, CacheReceipt, IoError};
 
@@ -402,7 +401,7 @@ impl MemBlob {
                         if st.corrupt[r].contains(&(tract, c as u32)) {
                             ChunkState::Unreadable
                         } else {
-                            ChunkState::Data(crc32c(b))
+                            ChunkState::Data(chunk_digest(b))
                         }
                     })
                     .collect()

@@ -38,7 +38,7 @@ struct Args {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--no-journals] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump|checkpoint-skips-table|journal-ack-before-sync]"
+        "usage: blob-sim (--seed S [--trace] | --seeds N [--first F] [--jobs J]) [--replication K] [--tractservers N] [--joining N] [--meta-replicas 1|3|5] [--duplicates ONE_IN] [--clients N] [--volume-clients N] [--late ONE_IN] [--no-crashes] [--no-tractserver-crashes] [--no-full-disks] [--no-journals] [--plant ack-before-sync|skip-copy|no-fence|no-writer-fence|forget-row-bump|checkpoint-skips-table|journal-ack-before-sync|repair-keeps-stale]"
     );
     ExitCode::from(2)
 }
@@ -73,6 +73,9 @@ fn parse() -> Option<Args> {
                 "no-writer-fence" => a.cfg.planted_bug = blizzard_tractserver::PlantedBug::NoWriterFence,
                 "journal-ack-before-sync" => {
                     a.cfg.planted_bug = blizzard_tractserver::PlantedBug::JournalAckBeforeSync
+                }
+                "repair-keeps-stale" => {
+                    a.cfg.planted_bug = blizzard_tractserver::PlantedBug::RepairKeepsStale
                 }
                 "forget-row-bump" => a.cfg.meta_plant = MetaPlant::ForgetRowBump,
                 _ => return None,
@@ -142,6 +145,9 @@ fn config_flags(a: &Args) -> Vec<String> {
         blizzard_tractserver::PlantedBug::JournalAckBeforeSync => {
             v.extend(["--plant".into(), "journal-ack-before-sync".into()])
         }
+        blizzard_tractserver::PlantedBug::RepairKeepsStale => {
+            v.extend(["--plant".into(), "repair-keeps-stale".into()])
+        }
     }
     if a.cfg.meta_plant == MetaPlant::ForgetRowBump {
         v.extend(["--plant".into(), "forget-row-bump".into()]);
@@ -165,7 +171,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} hybrid_blobs={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} hybrid_blobs={} tracts_repaired={} repair_kept_bytes={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -191,6 +197,8 @@ fn main() -> ExitCode {
                     r.journaled_writes,
                     r.journal_replayed,
                     r.hybrid_blobs,
+                    r.tracts_repaired,
+                    r.repair_kept_bytes,
                     r.simulated.as_millis(),
                     r.trace.digest()
                 );
@@ -217,9 +225,10 @@ fn main() -> ExitCode {
     // Volume clients: ops, crashes (with writes cut off), late requests
     // (refused by the writer fence), tracts reconciled, chunks repaired,
     // replica checks; the tractservers' journal checkpoints, and the hdd
-    // tractservers' journaled writes and replayed records.
-    let mut vol = [0u64; 12];
-    const VOL_FIELDS: [&str; 12] = [
+    // tractservers' journaled writes and replayed records; hybrid blobs;
+    // tracts repaired incrementally and the bytes those repairs kept.
+    let mut vol = [0u64; 14];
+    const VOL_FIELDS: [&str; 14] = [
         "volume_ops=",
         "volume_crashes=",
         "volume_crashes_in_flight=",
@@ -232,6 +241,8 @@ fn main() -> ExitCode {
         "journaled_writes=",
         "journal_replayed=",
         "hybrid_blobs=",
+        "tracts_repaired=",
+        "repair_kept_bytes=",
     ];
     run_seeds(&exe, &seeds, a.jobs, &config_flags(&a), |seed, out| match out {
         Ok(o) if o.status.success() => {

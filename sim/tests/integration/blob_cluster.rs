@@ -155,6 +155,18 @@ fn planted_skip_copy_is_caught() {
     );
 }
 
+/// Incremental repair is checked too: a tractserver given back a row it
+/// held (design 0009) whose sources answer "nothing changed" keeps what
+/// it held when it left, and replicas disagree with each other or with
+/// the acknowledged bytes. Seeds 1, 4 and 10 of these catch it.
+#[test]
+fn planted_repair_keeps_stale_is_caught() {
+    let (ok, out) =
+        sim("--seeds 10 --first 1 --replication 3 --tractservers 8 --joining 2 --plant repair-keeps-stale");
+    assert!(!ok, "repairs that keep stale chunks went unnoticed:\n{out}");
+    assert!(out.contains("differs from the acknowledged bytes") || out.contains("disagree"), "{out}");
+}
+
 /// The journal's checkpoints are what keep chunk entries once their records
 /// are reused: tractservers whose checkpoints move the head without
 /// writing the chunk table lose what those records said at their next

@@ -14,6 +14,7 @@
 //! | filling done | a filling member reports the row's current version copied | the row's filling mark cleared, no new version |
 //! | pending takeover | a pending member (growth) reports the row copied | it takes its column: a new row version |
 //! | dead member, pending in its column | the column's pending member has been taking every write | it takes the column, still filling |
+//! | member back in time | a member declared dead returns while the member that took its column in a row is still copying | it takes its column back, filling (a new row version), and repairs only what changed while it was away (incremental repair, Ursa §4.2.1, design 0009): [`Plan::readmitted`] |
 //! | dead member replaced | a row names a dead member and has a complete live one | a live member takes the column (least copying, then fewest rows, never two per failure domain, not one busy growing, of the class the row's section asks for in that column: design 0009), filling: a new row version |
 //! | stuck row | no complete member alive, or no live candidate of the column's class outside the row's failure domains | left as is and counted ([`Plan::stuck`]): replacing it would lose data |
 //! | recovery off | rows name dead members | left as is (like Ceph's `noout`) |
@@ -206,6 +207,8 @@ pub(crate) struct Plan {
     pub changes: Vec<RowChange>,
     /// Rows naming a dead member that could not be re-replicated.
     pub stuck: usize,
+    /// (row, member) given back to a returned member (module header).
+    pub readmitted: Vec<(usize, TsId)>,
 }
 
 impl Plan {
@@ -221,7 +224,7 @@ impl Plan {
 
     /// The row changes by kind, for the log: (re-replicated, filled,
     /// grown, pending members committed).
-    pub fn summary(&self, cur: &Tlt) -> [(usize, &'static str); 4] {
+    pub fn summary(&self, cur: &Tlt) -> [(usize, &'static str); 5] {
         let before = |c: &RowChange| &cur.rows[c.row];
         let grown = self.changes.iter().filter(|c| c.pending.len() > before(c).pending.len()).count();
         let committed = self
@@ -229,15 +232,19 @@ impl Plan {
             .iter()
             .filter(|c| {
                 let old: Vec<TsId> = before(c).members.iter().map(|&m| cur.members[m as usize].id).collect();
-                c.members != old && !old.iter().any(|id| self.dead.contains(id))
+                c.members != old
+                    && !old.iter().any(|id| self.dead.contains(id))
+                    && !self.readmitted.iter().any(|(r, _)| *r == c.row)
             })
             .count();
+        let readmitted: BTreeSet<usize> = self.readmitted.iter().map(|(r, _)| *r).collect();
         let bumped = self.changes.iter().filter(|c| c.bump).count();
         [
-            (bumped - grown - committed, "re-replicating rows of dead tractservers"),
+            (bumped - grown - committed - readmitted.len(), "re-replicating rows of dead tractservers"),
             (self.changes.iter().filter(|c| !c.bump).count(), "rows fully replicated again"),
             (grown, "rows given pending members (cluster growth)"),
             (committed, "pending members committed: they replace their column's member"),
+            (readmitted.len(), "rows given back to returned tractservers, to repair what they missed"),
         ]
     }
 }
@@ -371,7 +378,7 @@ pub(crate) fn plan(v: &View<'_>, rules: &Rules, rng: &mut impl Rng) -> Plan {
         .copied()
         .filter(|id| !dead.contains(id) && v.age(id) < rules.dead_after / 2)
         .collect();
-    p.changes = row_changes(v, rules, &dead, &live, rng, &mut p.stuck);
+    p.changes = row_changes(v, rules, &dead, &live, rng, &mut p);
     p.dead = dead;
     p
 }
@@ -384,9 +391,12 @@ fn row_changes(
     dead: &BTreeSet<TsId>,
     live: &[TsId],
     rng: &mut impl Rng,
-    stuck: &mut usize,
+    p: &mut Plan,
 ) -> Vec<RowChange> {
     let cur = v.tlt;
+    // Reads `p.returned`; adds to `p.stuck` and `p.readmitted`.
+    let returned = p.returned.clone();
+    let (stuck, readmitted) = (&mut p.stuck, &mut p.readmitted);
     let mut rows_held: HashMap<TsId, usize> = HashMap::new();
     for r in &cur.rows {
         for &m in &r.members {
@@ -419,8 +429,25 @@ fn row_changes(
         let ids: Vec<TsId> = row.members.iter().map(|&m| v.id(m)).collect();
         let pend: Vec<(u8, TsId)> = row.pending.iter().map(|p| (p.column, v.id(p.member))).collect();
         let fill = v.filling.get(&i).cloned().unwrap_or_default();
-        if !ids.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id)) {
-            if let Some(c) = filled(v, i, row, &ids, &pend, &fill) {
+        // Members back in time take their columns back first.
+        let back = readmit(v, i, &ids, &pend, &fill, &returned);
+        let (ids_now, fill) = match &back {
+            Some((ids_now, fill_now, who)) => {
+                readmitted.extend(who.iter().map(|id| (i, *id)));
+                (ids_now.clone(), fill_now.clone())
+            }
+            None => (ids.clone(), fill),
+        };
+        if !ids_now.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id)) {
+            if back.is_some() {
+                changes.push(RowChange {
+                    row: i,
+                    members: ids_now,
+                    filling: fill,
+                    pending: pend,
+                    bump: true,
+                });
+            } else if let Some(c) = filled(v, i, row, &ids, &pend, &fill) {
                 changes.push(c);
             }
             continue;
@@ -430,11 +457,11 @@ fn row_changes(
         }
         // Copies come from complete members only; with none alive the row
         // waits for one to return (replacing it would lose data).
-        if !ids.iter().any(|id| !dead.contains(id) && !fill.contains(id)) {
+        if !ids_now.iter().any(|id| !dead.contains(id) && !fill.contains(id)) {
             *stuck += 1;
             continue;
         }
-        let mut new_ids = ids.clone();
+        let mut new_ids = ids_now;
         let mut new_fill: BTreeSet<TsId> = fill.iter().copied().filter(|id| !dead.contains(id)).collect();
         // A dead pending member is dropped from the row (FDS §3.4).
         let mut new_pend: Vec<(u8, TsId)> =
@@ -526,6 +553,57 @@ fn row_changes(
 /// that finished takes its column (the second phase of FDS §3.4): a new
 /// row version, so clients stop writing to the member it replaces, which
 /// may then free the row's tracts.
+/// Gives returned members back their columns of row `i` (ids `ids`,
+/// pending `pend`, filling `fill`) where the member that took the column
+/// is still copying: the returned member still holds the row as it was
+/// when it left, so repairing what changed since costs less than the
+/// newcomer's whole copy. Its stored assignment (`Member::reported`,
+/// which nothing pushed to while it was dead) names the column it held,
+/// at an older version of the row. It goes back only where the row's
+/// other columns leave its failure domain free and its class fits the
+/// column. It is filling, so it serves no read of a tract it has not
+/// repaired, and the row gets a new version (`RowChange::bump`), which
+/// fences writes of the version it missed. The returned
+/// (ids, filling, members readmitted), or `None` when nobody comes back.
+fn readmit(
+    v: &View<'_>,
+    i: usize,
+    ids: &[TsId],
+    pend: &[(u8, TsId)],
+    fill: &BTreeSet<TsId>,
+    returned: &[TsId],
+) -> Option<(Vec<TsId>, BTreeSet<TsId>, Vec<TsId>)> {
+    let cur = v.tlt;
+    let (mut ids, mut fill, mut who) = (ids.to_vec(), fill.clone(), Vec::new());
+    for x in returned {
+        let Some(a) = v.members.get(x).and_then(|m| m.reported.as_ref()) else { continue };
+        if a.cluster_id != cur.cluster_id {
+            continue;
+        }
+        let Some(held) = a.rows.iter().find(|r| r.row as usize == i && r.version < cur.rows[i].version)
+        else {
+            continue;
+        };
+        let Some(col) = held.members.iter().position(|m| m == x).filter(|c| *c < ids.len()) else { continue };
+        let taker = ids[col];
+        let domain = v.domain_of(x);
+        let free = ids.iter().enumerate().all(|(c, id)| c == col || (id != x && v.domain_of(id) != domain));
+        if taker == *x
+            || !fill.contains(&taker)
+            || !free
+            || pend.iter().any(|(_, p)| p == x)
+            || cur.column_class(i, col).is_some_and(|c| v.class_of(x) != Some(c))
+        {
+            continue;
+        }
+        ids[col] = *x;
+        fill.remove(&taker);
+        fill.insert(*x);
+        who.push(*x);
+    }
+    (!who.is_empty()).then_some((ids, fill, who))
+}
+
 fn filled(
     v: &View<'_>,
     i: usize,

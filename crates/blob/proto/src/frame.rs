@@ -25,13 +25,14 @@
 //! corrupt stream, so the version byte refuses the mix up front. Version 6
 //! added a tractserver's disk class to heartbeats and the cluster status.
 //! Version 7 added a table's sections by placement (design 0009) to
-//! tables and assignments.
+//! tables and assignments. Version 8 added `CopyTractChanges`, the
+//! incremental repair of a member back in a row (design 0009).
 
 use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
 
 pub const MAGIC: u32 = u32::from_le_bytes(*b"BLZD");
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 pub const HEADER_LEN: usize = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,7 +178,7 @@ mod tests {
         assert_eq!(
             b[..28],
             [
-                0x42, 0x4c, 0x5a, 0x44, 7, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
+                0x42, 0x4c, 0x5a, 0x44, 8, 0, 0x01, 0x01, 7, 0, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x10, 0, 0,
                 0xef, 0xbe, 0xad, 0xde
             ]
         );
@@ -210,7 +211,7 @@ mod tests {
         assert_eq!(
             b[..28],
             [
-                0x42, 0x4c, 0x5a, 0x44, 7, 2, 0x01, 0x01, 9, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 4,
+                0x42, 0x4c, 0x5a, 0x44, 8, 2, 0x01, 0x01, 9, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 4,
                 3, 2, 1
             ]
         );

@@ -39,6 +39,9 @@ pub enum Opcode {
     // Size-aware replication (Ursa §3.4): a large write sent once, to the
     // row's primary, which applies it and forwards it to the backups.
     WriteTractForward = 0x010B,
+    // Incremental repair (Ursa §4.2.1): a member back in a row it held
+    // fetches only the chunks of a tract that differ from what it holds.
+    CopyTractChanges = 0x010C,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -63,7 +66,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 29] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -77,6 +80,7 @@ impl Opcode {
         Opcode::CopyTract,
         Opcode::DigestTract,
         Opcode::WriteTractForward,
+        Opcode::CopyTractChanges,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -145,7 +149,7 @@ pub const FORWARD_TO_MAX: usize = 2 * blizzard_core::limits::REPLICATION_MAX as 
 pub const DIGEST_CHUNKS_MAX: usize = (TRACT_SIZE_MAX / CHUNK_SIZE) as usize;
 
 /// A chunk's state on the wire: a tag byte (0 hole, 1 data followed by its
-/// CRC32C, 2 unreadable).
+/// 64-bit digest, `reconcile::chunk_digest`, 2 unreadable).
 impl Wire for ChunkState {
     const MIN_LEN: usize = 1;
     fn put(&self, w: &mut Writer) {
@@ -161,7 +165,7 @@ impl Wire for ChunkState {
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         match u8::get(r)? {
             0 => Ok(ChunkState::Hole),
-            1 => Ok(ChunkState::Data(u32::get(r)?)),
+            1 => Ok(ChunkState::Data(u64::get(r)?)),
             2 => Ok(ChunkState::Unreadable),
             v => Err(DecodeError::BadValue { field: "chunk state", value: v as u64 }),
         }
@@ -315,6 +319,19 @@ pub enum Request {
         row_version: u64,
         tract: RowTract,
     },
+    /// What differs between the copier's tract and this server's
+    /// (incremental repair, design 0009): `have` is the copier's digest of
+    /// its tract at `incarnation`. The reply (`Reply::TractChanges`) holds
+    /// only the chunks whose state differs, and the chunks to unmap; a
+    /// tract held here at another incarnation (or not at all) comes whole,
+    /// as `CopyTract` would send it.
+    CopyTractChanges {
+        row: u32,
+        row_version: u64,
+        tract: RowTract,
+        incarnation: Incarnation,
+        have: Vec<ChunkState>,
+    },
     CreateBlob {
         blob: BlobId,
         row_version: u64,
@@ -405,6 +422,7 @@ impl Request {
             Request::SyncDisk => Opcode::SyncDisk,
             Request::ListRowTracts { .. } => Opcode::ListRowTracts,
             Request::CopyTract { .. } => Opcode::CopyTract,
+            Request::CopyTractChanges { .. } => Opcode::CopyTractChanges,
             Request::CreateBlob { .. } => Opcode::CreateBlob,
             Request::ExtendBlob { .. } => Opcode::ExtendBlob,
             Request::DeleteBlob { .. } => Opcode::DeleteBlob,
@@ -470,6 +488,13 @@ impl Request {
                 row.put(&mut w);
                 row_version.put(&mut w);
                 tract.put(&mut w);
+            }
+            Request::CopyTractChanges { row, row_version, tract, incarnation, have } => {
+                row.put(&mut w);
+                row_version.put(&mut w);
+                tract.put(&mut w);
+                incarnation.put(&mut w);
+                have.put(&mut w);
             }
             Request::CreateBlob { blob, row_version, incarnation, replication } => {
                 blob.put(&mut w);
@@ -564,6 +589,13 @@ impl Request {
             Opcode::CopyTract => {
                 Request::CopyTract { row: Wire::get(r)?, row_version: Wire::get(r)?, tract: Wire::get(r)? }
             }
+            Opcode::CopyTractChanges => Request::CopyTractChanges {
+                row: Wire::get(r)?,
+                row_version: Wire::get(r)?,
+                tract: Wire::get(r)?,
+                incarnation: Wire::get(r)?,
+                have: get_digest(r)?,
+            },
             Opcode::CreateBlob => Request::CreateBlob {
                 blob: Wire::get(r)?,
                 row_version: Wire::get(r)?,
@@ -775,6 +807,17 @@ pub enum Reply {
         bitmap: Vec<u8>,
         crcs: Vec<u32>,
     },
+    /// `CopyTractChanges`: the chunks marked in `bitmap` follow in the data
+    /// part, one CRC32C each; the chunks marked in `holes` are unmapped
+    /// here. At the copier's incarnation, every other chunk is the same on
+    /// both sides; at another incarnation (0: not held here) this is the
+    /// whole tract and `holes` is empty.
+    TractChanges {
+        incarnation: Incarnation,
+        bitmap: Vec<u8>,
+        crcs: Vec<u32>,
+        holes: Vec<u8>,
+    },
     Blob(BlobMeta),
     Blobs(Vec<BlobMeta>),
     Heartbeat(HeartbeatReply),
@@ -813,6 +856,12 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                     incarnation.put(&mut w);
                     bitmap.put(&mut w);
                     crcs.put(&mut w);
+                }
+                Reply::TractChanges { incarnation, bitmap, crcs, holes } => {
+                    incarnation.put(&mut w);
+                    bitmap.put(&mut w);
+                    crcs.put(&mut w);
+                    holes.put(&mut w);
                 }
                 Reply::Blob(m) => m.put(&mut w),
                 Reply::Blobs(v) => v.put(&mut w),
@@ -855,6 +904,12 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::CopyTract => {
                 Reply::TractCopy { incarnation: Wire::get(r)?, bitmap: Wire::get(r)?, crcs: Wire::get(r)? }
             }
+            Opcode::CopyTractChanges => Reply::TractChanges {
+                incarnation: Wire::get(r)?,
+                bitmap: Wire::get(r)?,
+                crcs: Wire::get(r)?,
+                holes: Wire::get(r)?,
+            },
             Opcode::CreateBlob | Opcode::ExtendBlob | Opcode::DeleteBlob | Opcode::GetBlob => {
                 Reply::Blob(Wire::get(r)?)
             }

@@ -81,8 +81,13 @@ impl TractService {
             )
             .counter(
                 "blizzard_fill_bytes_total",
-                "Bytes copied as a newcomer since start.",
+                "Bytes copied as a newcomer since start (whole tracts, and the chunks a repair found changed).",
                 fill.bytes_done as f64,
+            )
+            .counter(
+                "blizzard_fill_unchanged_bytes_total",
+                "Bytes of tracts still held here from an earlier membership that a repair found unchanged, so did not copy.",
+                self.fill.unchanged_bytes() as f64,
             )
             .counter(
                 "blizzard_scrub_bytes_total",

@@ -283,6 +283,16 @@ impl TractService {
                     Err(e) => (Err(e), Bytes::new()),
                 }
             }
+            Request::CopyTractChanges { row, row_version, tract, incarnation, have } => {
+                let copy = match self.check_source(row, row_version) {
+                    Ok(()) => self.fill.serve_changes(row, tract, incarnation, &have).await,
+                    Err(e) => Err(e),
+                };
+                match copy {
+                    Ok((reply, data)) => (Ok(reply), data),
+                    Err(e) => (Err(e), Bytes::new()),
+                }
+            }
             Request::Heartbeat(_)
             | Request::GetTlt { .. }
             | Request::ClusterStatus

@@ -302,6 +302,133 @@ async fn new_tractservers_take_their_share_under_writes() -> R {
     Ok(())
 }
 
+/// Incremental repair (Ursa §4.2.1, design 0009): a tractserver out for
+/// two seconds under writes is declared dead and replaced, but it comes
+/// back while its replacements are still copying. It takes its columns
+/// back, filling, and fetches only the chunks that changed while it was
+/// away (`CopyTractChanges`) instead of having newcomers copy whole rows;
+/// every replica ends with every acknowledged byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_back_from_a_short_outage_repairs_only_what_it_missed() -> R {
+    init_tracing();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = ClusterConfig::new(dir.path());
+    cfg.tractservers = 8;
+    cfg.replication = 3;
+    cfg.tract_size = TRACT;
+    cfg.disk_size = 64 << 20;
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    // Slow enough that no replacement has finished when the server returns.
+    cfg.fill_bandwidth = 48 << 10;
+    cfg.scrub_bandwidth = 32 << 20;
+    let mut c = Cluster::start(Env::real(), cfg).await?;
+    let client = c.client().await?;
+    // Four writers, each with its own blobs.
+    let mut models = Vec::new();
+    for k in 0..4 {
+        models.push(Model::new(&client, &[3, 3, 2], 16, 21 + k).await?);
+    }
+
+    let victim = c.tractserver(0).unwrap().id;
+    let rows_of = |tlt: &blizzard_core::tlt::Tlt| -> Vec<usize> {
+        let me = tlt.member_index(victim);
+        (0..tlt.rows.len()).filter(|&i| me.is_some_and(|m| tlt.rows[i].members.contains(&m))).collect()
+    };
+    let rows_before = rows_of(&c.meta().unwrap().server.tlt().unwrap());
+    assert!(!rows_before.is_empty());
+    c.stop_tractserver(0).await;
+    // Writes go on through the outage (in their own task, so the server
+    // returns after two seconds even while a write waits for a new row).
+    let down = std::time::Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loads: Vec<_> = models
+        .into_iter()
+        .map(|mut model| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut writes = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    model.write().await.unwrap();
+                    writes += 1;
+                }
+                (model, writes)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let s = client.cluster_status().await?;
+    assert!(s.members.iter().any(|m| m.id == victim && m.dead), "declared dead within 2 s: {s:#?}");
+    let outage = down.elapsed();
+    c.start_tractserver(0).await?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut models = Vec::new();
+    let mut outage_writes = 0;
+    for l in loads {
+        let (model, n) = l.await?;
+        models.push(model);
+        outage_writes += n;
+    }
+    let mut writes = 0;
+    assert_eq!(c.tractserver(0).unwrap().id, victim, "same disk, same server");
+
+    // Back in its rows, repaired, under load.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let model = &mut models[writes % 4];
+        model.write().await?;
+        writes += 1;
+        for _ in 0..4 {
+            model.read().await?;
+        }
+        let s = client.cluster_status().await?;
+        let tlt = c.meta().unwrap().server.tlt().unwrap();
+        // Rows whose replacement finished copying first stay with it.
+        let back_in = rows_of(&tlt);
+        if s.fully_replicated() && !back_in.is_empty() {
+            assert!(
+                back_in.iter().all(|r| rows_before.contains(r)),
+                "back in rows it never held: {back_in:?}, held {rows_before:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the returned server is not back in any of its rows {rows_before:?} within 90 s: {s:#?}"
+        );
+    }
+    for model in &models {
+        model.verify_replicas().await?;
+    }
+
+    // What the repair moved against what whole copies of its rows would.
+    let back = c.tractserver(0).unwrap();
+    let repaired = back.service.fill.report().1.bytes_done;
+    let unchanged = back.service.fill.unchanged_bytes();
+    let newcomers: u64 = (1..8).map(|i| c.tractserver(i).unwrap().service.fill.report().1.bytes_done).sum();
+    println!(
+        "repair: outage_s={:.1} outage_writes={outage_writes} later_writes={writes} rows={} of {} repaired_bytes={repaired} full_copy_bytes={} newcomer_bytes={newcomers}",
+        outage.as_secs_f64(),
+        rows_of(&c.meta().unwrap().server.tlt().unwrap()).len(),
+        rows_before.len(),
+        repaired + unchanged
+    );
+    assert!(unchanged > 0, "nothing was kept: the repair copied whole tracts");
+    assert!(
+        repaired * 2 < repaired + unchanged,
+        "the repair moved {repaired} of {} bytes: not incremental",
+        repaired + unchanged
+    );
+    // The replacements' partial copies are freed by their scrubbers.
+    for i in 0..8 {
+        wait_only_held_tracts(&c, i).await?;
+    }
+    for model in &models {
+        model.verify_replicas().await?;
+    }
+    c.stop().await;
+    Ok(())
+}
+
 /// [`load_until`] each of `joining` is alive and holds TLT positions.
 async fn load_until_settled(client: &Client, model: &mut Model, joining: &[TsId]) -> R {
     load_until(client, model, "the joining servers holding rows", |s| {

@@ -210,6 +210,78 @@ fn a_fenced_server_that_returns_is_settled() {
     assert!(p.returned.is_empty() && p.dead.contains(&ts(1)));
 }
 
+/// The world of `a_fenced_server_that_returns_is_settled`, with member 4
+/// still copying row 0 when member 1 comes back.
+fn returned_while_its_replacement_copies() -> World {
+    let mut w = World::new(table(5, &[&[4, 2, 3], &[2, 3, 4], &[5, 2, 3]]));
+    w.filling.insert(0, set(&[4]));
+    w.register(ts(4));
+    w.register(ts(1));
+    let old = Assignment {
+        rows: vec![AssignedRow {
+            row: 0,
+            version: 4,
+            members: ids(&[1, 2, 3]),
+            filling: vec![],
+            pending: vec![],
+        }],
+        ..assignment_for(&w.tlt, &w.filling, ts(1))
+    };
+    w.member(1).reported = Some(old);
+    w.dead.insert(ts(1));
+    w.silent.insert(ts(1), Duration::ZERO);
+    w
+}
+
+#[test]
+fn a_member_back_in_time_takes_its_column_back_to_repair_it() {
+    let w = returned_while_its_replacement_copies();
+    let p = w.plan_with(&Rules { grow: false, ..rules() });
+    assert_eq!(p.returned, ids(&[1]));
+    assert_eq!(p.readmitted, vec![(0, ts(1))]);
+    assert_eq!(
+        p.changes,
+        vec![RowChange { row: 0, members: ids(&[1, 2, 3]), filling: set(&[1]), pending: vec![], bump: true }],
+        "its old column, filling, under a new version; the newcomer leaves"
+    );
+    assert_eq!(p.summary(&w.tlt)[4].0, 1, "{:?}", p.summary(&w.tlt));
+    assert_eq!(p.summary(&w.tlt)[0].0, 0, "not counted as re-replication");
+
+    // The newcomer finished: the row stays with it.
+    let mut w = returned_while_its_replacement_copies();
+    w.filling.clear();
+    let p = w.plan_with(&Rules { grow: false, ..rules() });
+    assert!(p.readmitted.is_empty() && p.changes.is_empty(), "{p:?}");
+
+    // Another member of the row now shares its failure domain.
+    let mut w = returned_while_its_replacement_copies();
+    w.member(1).domain = "d2".into();
+    let p = w.plan_with(&Rules { grow: false, ..rules() });
+    assert!(p.readmitted.is_empty() && p.changes.is_empty(), "{p:?}");
+
+    // It held the row at the current version: nothing it missed.
+    let mut w = returned_while_its_replacement_copies();
+    if let Some(a) = w.member(1).reported.as_mut() {
+        a.rows[0].version = 5;
+    }
+    assert!(w.plan_with(&Rules { grow: false, ..rules() }).readmitted.is_empty());
+}
+
+#[test]
+fn a_member_back_in_time_returns_to_a_row_that_lost_another() {
+    // Row 0 took 4 for 1, then lost 3: 1 comes back to its column, and
+    // 3's goes to a newcomer, both in one change.
+    let mut w = returned_while_its_replacement_copies();
+    w.silent.insert(ts(3), DEAD_AFTER);
+    let p = w.plan_with(&Rules { grow: false, ..rules() });
+    assert_eq!(p.readmitted, vec![(0, ts(1))]);
+    let c = p.changes.iter().find(|c| c.row == 0).expect("row 0 changes");
+    assert_eq!(&c.members[..2], &ids(&[1, 2])[..]);
+    assert!(c.members[2] == ts(4) || c.members[2] == ts(5), "{c:?}");
+    assert!(c.filling.contains(&ts(1)) && c.filling.contains(&c.members[2]));
+    assert!(c.bump);
+}
+
 #[test]
 fn a_stale_assignment_is_settled() {
     let mut w = World::new(table(4, &[&[1, 2, 3], &[2, 3, 4]]));

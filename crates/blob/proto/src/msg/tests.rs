@@ -73,6 +73,13 @@ fn samples() -> Vec<Request> {
             after: Some(RowTract { blob: BlobId(6), tract: TractNo::META }),
         },
         Request::CopyTract { row: 4, row_version: 5, tract: RowTract { blob: BlobId(6), tract: TractNo(7) } },
+        Request::CopyTractChanges {
+            row: 4,
+            row_version: 5,
+            tract: RowTract { blob: BlobId(6), tract: TractNo(7) },
+            incarnation: 8,
+            have: vec![ChunkState::Hole, ChunkState::Data(9), ChunkState::Unreadable],
+        },
         Request::ListBlobs,
         Request::CreateBlob { blob: BlobId(1), row_version: 2, incarnation: 3, replication: 1 },
         Request::ExtendBlob { blob: BlobId(1), row_version: 2, mode: ExtendMode::To, tracts: 5 },
@@ -179,6 +186,10 @@ fn responses_round_trip() {
             }),
         ),
         (Opcode::CopyTract, Ok(Reply::TractCopy { incarnation: 3, bitmap: vec![0b101], crcs: vec![8, 9] })),
+        (
+            Opcode::CopyTractChanges,
+            Ok(Reply::TractChanges { incarnation: 3, bitmap: vec![0b100], crcs: vec![8], holes: vec![0b1] }),
+        ),
         (Opcode::GetTlt, Ok(Reply::Tlt(Some(tlt)))),
         (Opcode::GetTlt, Ok(Reply::Tlt(None))),
         (
@@ -208,10 +219,10 @@ fn responses_round_trip() {
 #[test]
 fn digest_golden_bytes() {
     let res = Ok(Reply::Digest {
-        chunks: vec![ChunkState::Hole, ChunkState::Data(0x0403_0201), ChunkState::Unreadable],
+        chunks: vec![ChunkState::Hole, ChunkState::Data(0x0807_0605_0403_0201), ChunkState::Unreadable],
     });
     let b = encode_response(&res);
-    assert_eq!(&b[..], &[0, 0, 3, 0, 0, 0, 0, 1, 1, 2, 3, 4, 2][..]);
+    assert_eq!(&b[..], &[0, 0, 3, 0, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 2][..]);
     assert_eq!(decode_response(Opcode::DigestTract, &b), Ok(res));
     for n in 0..b.len() {
         assert!(decode_response(Opcode::DigestTract, &b[..n]).is_err(), "prefix {n} accepted");
@@ -252,7 +263,7 @@ fn fenced_is_known_and_not_transient() {
 }
 
 fn any_chunk_state() -> impl Strategy<Value = ChunkState> {
-    prop_oneof![Just(ChunkState::Hole), any::<u32>().prop_map(ChunkState::Data), Just(ChunkState::Unreadable)]
+    prop_oneof![Just(ChunkState::Hole), any::<u64>().prop_map(ChunkState::Data), Just(ChunkState::Unreadable)]
 }
 
 proptest! {

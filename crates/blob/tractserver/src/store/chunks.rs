@@ -41,10 +41,7 @@ impl Store {
         let at = self.layout.data_offset_of(slot, chunk * CHUNK_SIZE);
         let b = self.disk.read_at(at, CHUNK_SIZE as usize).await?;
         let crc = crc32c(&b);
-        Ok(match settle(g, chunk, crc) {
-            ChunkState::Data(c) => Some(c),
-            ChunkState::Hole | ChunkState::Unreadable => None,
-        })
+        Ok(settle(g, chunk, crc))
     }
 
     pub(super) async fn read_chunk_verified(
@@ -198,16 +195,20 @@ impl Store {
     }
 
     /// What this replica holds in each chunk of a tract, for making the
-    /// tract's replicas agree (`blizzard_core::reconcile`): `Hole` for a
-    /// chunk not written (or trimmed), `Data` with the CRC32C of the bytes
-    /// it holds now, `Unreadable` for bytes matching no CRC its entry
-    /// accepts. Empty if the tract is not held here at `incarnation`.
+    /// tract's replicas agree (`blizzard_core::reconcile`) and for a
+    /// member back in a row to repair what it missed (`fill`): `Hole` for a
+    /// chunk not written (or trimmed), `Data` with the digest of the bytes
+    /// it holds now (`reconcile::chunk_digest`; not their CRC32C, which
+    /// cannot tell apart records that carry their own CRC), `Unreadable`
+    /// for bytes matching no CRC its entry accepts. Empty if the tract is
+    /// not held here at `incarnation`.
     ///
     /// Under the slot's write lock, so every change admitted before it has
-    /// finished, and none runs meanwhile. Memory knows the bytes of every
-    /// chunk this process wrote; only unsettled chunks (an overwrite found
-    /// at open, which a crash may have cut off before its data) are read,
-    /// once: memory then settles to what they hold.
+    /// finished, and none runs meanwhile. Every written chunk is read (in
+    /// runs of at most `DIGEST_READ_CHUNKS`, one disk read each) and its
+    /// CRC checked against its entry; an unsettled chunk (an overwrite
+    /// found at open, which a crash may have cut off before its data)
+    /// settles to what it holds.
     pub async fn digest(
         &self,
         blob: BlobId,
@@ -231,31 +232,19 @@ impl Store {
             return Ok(Vec::new());
         }
         let gen = g.entry.generation;
-        let written = |e: &ChunkEntry| e.generation == gen && gen != 0;
-        let mut out: Vec<ChunkState> = g
-            .chunks
-            .iter()
-            .map(|e| if written(e) { ChunkState::Data(e.crc) } else { ChunkState::Hole })
-            .collect();
-        if g.unsettled.is_empty() {
-            return Ok(out);
-        }
-        // Runs of unsettled written chunks, one disk read per run (at most
-        // DIGEST_READ_CHUNKS long).
-        let chunks = out.len() as u32;
-        let unsettled = |g: &SlotState, out: &[ChunkState], c: u32| {
-            g.unsettled.contains(c) && out[c as usize] != ChunkState::Hole
-        };
+        let written: Vec<bool> = g.chunks.iter().map(|e| e.generation == gen && gen != 0).collect();
+        let mut out = vec![ChunkState::Hole; written.len()];
+        let chunks = written.len() as u32;
         let mut c = 0u32;
         while c < chunks {
-            if !unsettled(&g, &out, c) {
+            if !written[c as usize] {
                 // An unwritten chunk has no bytes to settle.
                 g.unsettled.remove(c);
                 c += 1;
                 continue;
             }
             let start = c;
-            while c < chunks && c - start < DIGEST_READ_CHUNKS && unsettled(&g, &out, c) {
+            while c < chunks && c - start < DIGEST_READ_CHUNKS && written[c as usize] {
                 c += 1;
             }
             let n = c - start;
@@ -266,7 +255,14 @@ impl Store {
             self.stats.digest_chunks_read.fetch_add(n as u64, Ordering::Relaxed);
             for (i, bytes) in b.chunks_exact(CHUNK_SIZE as usize).enumerate() {
                 let chunk = start + i as u32;
-                out[chunk as usize] = settle(&mut g, chunk, crc32c(bytes));
+                let crc = crc32c(bytes);
+                let readable = if g.unsettled.contains(chunk) {
+                    settle(&mut g, chunk, crc).is_some()
+                } else {
+                    g.chunks.get(chunk as usize).is_some_and(|e| e.crc == crc)
+                };
+                out[chunk as usize] =
+                    if readable { ChunkState::Data(chunk_digest(bytes)) } else { ChunkState::Unreadable };
             }
         }
         Ok(out)
@@ -420,17 +416,17 @@ pub(super) fn take_from_disk(g: &mut SlotState, first: u32, entries: &[ChunkEntr
 /// What a written chunk whose bytes have CRC `crc` holds, making memory
 /// say so: an entry accepting `crc` as its previous contents becomes
 /// `settled_to(crc)` (a write cut off before its data), and the chunk
-/// leaves the unsettled set; bytes the entry does not accept leave the
-/// chunk `Unreadable` and unsettled.
-pub(super) fn settle(g: &mut SlotState, chunk: u32, crc: u32) -> ChunkState {
-    let Some(e) = g.chunks.get_mut(chunk as usize) else { return ChunkState::Hole };
+/// leaves the unsettled set (`Some(crc)`); bytes the entry does not accept
+/// leave the chunk unreadable and unsettled (`None`).
+pub(super) fn settle(g: &mut SlotState, chunk: u32, crc: u32) -> Option<u32> {
+    let e = g.chunks.get_mut(chunk as usize)?;
     if crc != e.crc {
         if !e.accepts(crc) {
             g.unsettled.insert(chunk);
-            return ChunkState::Unreadable;
+            return None;
         }
         *e = e.settled_to(crc);
     }
     g.unsettled.remove(chunk);
-    ChunkState::Data(crc)
+    Some(crc)
 }

@@ -49,7 +49,7 @@ use tokio::sync::RwLock;
 
 use blizzard_core::crc::{crc32c, first_bad_piece, piece_count, pieces, zeros_crc};
 use blizzard_core::limits::CHUNK_SIZE;
-use blizzard_core::reconcile::ChunkState;
+use blizzard_core::reconcile::{chunk_digest, ChunkState};
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_env::{Clock, Disk};
 use blizzard_proto::{ErrorCode, ErrorReply};
@@ -177,10 +177,6 @@ impl ChunkSet {
     fn contains(&self, chunk: u32) -> bool {
         self.bits.get((chunk / 64) as usize).is_some_and(|w| w & (1 << (chunk % 64)) != 0)
     }
-
-    fn is_empty(&self) -> bool {
-        self.bits.is_empty()
-    }
 }
 
 /// A written chunk of a tract, its slot write-locked
@@ -253,6 +249,9 @@ pub enum PlantedBug {
     /// (`crate::backup::journal`): a crash loses journaled writes that the
     /// data disk never got.
     JournalAckBeforeSync,
+    /// A source answers a repair (`CopyTractChanges`) with no changes, so
+    /// a member back in a row keeps what it held when it left (`fill`).
+    RepairKeepsStale,
 }
 
 /// Tract writes handed to the disk at once. Buffered writes to one file

@@ -33,6 +33,28 @@
 //! - A row counts as filled (reported in heartbeats) once every tract the
 //!   source listed is copied; tracts created since were copied on their
 //!   first write. The metadata server then clears the filling mark.
+//!
+//! Incremental repair (Ursa §4.2.1, design 0009). A server declared dead
+//! that comes back while its replacement in a row is still copying gets
+//! its column back, filling (`metaserver::plan::readmit`). It still holds
+//! the row's tracts as they were when it left, so a tract held here is not
+//! copied whole: its digest (`Store::digest`: a hash of each chunk's bytes,
+//! never their CRC) goes to the source in `CopyTractChanges`, and only the
+//! chunks that differ come back, with the chunks to unmap. The same rules
+//! hold as for a copy, since a repair is a copy that leaves equal chunks
+//! in place:
+//! - It runs under the tract's copy lock, so nothing changes the tract
+//!   here between the digest it sends and the chunks it writes (`patch`
+//!   checks the tract is still the one it digested).
+//! - The source compared its chunks at some moment after every write
+//!   acknowledged before the repair began; a write landing there since is
+//!   on its way here too and waits for the lock, as for a copy.
+//! - A tract held here at another incarnation, or not held at the source,
+//!   comes whole (or goes), as `CopyTract` would have it; blob metadata is
+//!   always copied whole.
+//! - Chunks this server wrote while cut off and the others never got
+//!   (never acknowledged) differ, so they are replaced or unmapped: the
+//!   repaired tract holds exactly the source's bytes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +66,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use blizzard_core::limits::CHUNK_SIZE;
+use blizzard_core::reconcile::ChunkState;
 use blizzard_core::{BlobId, Incarnation, TractNo, TsId};
 use blizzard_proto::{
     Assignment, ErrorCode, ErrorReply, FillProgress, Reply, Request, RowRef, RowTract, ROW_TRACTS_PAGE,
@@ -53,6 +76,8 @@ use blizzard_rpc::Shutdown;
 use crate::blob_meta::decode_meta;
 use crate::parts::Parts;
 use crate::store::{store_err, Durability, StoreError, TractWrite};
+
+mod source;
 
 /// Tracts one newcomer copies at once, over all the rows it fills. Each
 /// holds up to a tract in memory; recovery's parallelism comes mostly from
@@ -103,6 +128,11 @@ struct Fills {
     any: AtomicBool,
     locks: Mutex<HashMap<(BlobId, TractNo), CopyLock>>,
     bytes_done: AtomicU64,
+    /// Bytes of tracts already held here that a repair found unchanged
+    /// and so did not copy (incremental repair, design 0009).
+    bytes_unchanged: AtomicU64,
+    /// Tracts brought up to date that way.
+    tracts_repaired: AtomicU64,
     wake: Notify,
     /// When the copy budget is next free (see `Filler::bandwidth`).
     paced_until: Mutex<Option<blizzard_env::Instant>>,
@@ -202,6 +232,17 @@ fn parse_copy(
     crcs: Vec<u32>,
     data: Bytes,
 ) -> Option<Copied> {
+    let runs = parse_bitmap(tract_size, bitmap)?;
+    let n: u32 = runs.iter().map(|(_, n)| n).sum();
+    if crcs.len() != n as usize || data.len() != n as usize * CHUNK_SIZE as usize {
+        return None;
+    }
+    Some(Copied { incarnation, runs, crcs, data })
+}
+
+/// The chunks of a bitmap (bit i, LSB first, of byte i / 8), as runs of
+/// (first chunk, count); `None` if it names a chunk past the tract.
+fn parse_bitmap(tract_size: u32, bitmap: &[u8]) -> Option<Vec<(u32, u32)>> {
     let chunks = tract_size / CHUNK_SIZE;
     if bitmap.len() > (chunks as usize).div_ceil(8) {
         return None;
@@ -219,11 +260,7 @@ fn parse_copy(
             _ => runs.push((i, 1)),
         }
     }
-    let n: u32 = runs.iter().map(|(_, n)| n).sum();
-    if crcs.len() != n as usize || data.len() != n as usize * CHUNK_SIZE as usize {
-        return None;
-    }
-    Some(Copied { incarnation, runs, crcs, data })
+    Some(runs)
 }
 
 /// The newcomer's side of re-replication and the source's: copies the
@@ -255,6 +292,16 @@ impl Filler {
     /// Rows copied completely (for the heartbeat) and progress.
     pub fn report(&self) -> (Vec<RowRef>, FillProgress) {
         self.fills.report()
+    }
+
+    /// Bytes a repair found unchanged and did not copy (design 0009).
+    pub fn unchanged_bytes(&self) -> u64 {
+        self.fills.bytes_unchanged.load(Ordering::Relaxed)
+    }
+
+    /// Tracts brought up to date by a repair rather than copied whole.
+    pub fn tracts_repaired(&self) -> u64 {
+        self.fills.tracts_repaired.load(Ordering::Relaxed)
     }
 
     /// If `tract` of `blob` is in a row this server is filling and not yet
@@ -316,40 +363,125 @@ impl Filler {
         blob: BlobId,
         tract: TractNo,
     ) -> Result<(), ErrorReply> {
-        let req = Request::CopyTract { row, row_version: version, tract: RowTract { blob, tract } };
-        let last = match sources.first() {
-            None => String::from("the row has no complete member"),
-            Some(src) => match self.parts.peers.call_data(*src, &req).await {
-                Ok((Reply::TractCopy { incarnation, bitmap, crcs }, data)) => {
-                    match parse_copy(self.parts.store.tract_size(), incarnation, &bitmap, crcs, data) {
-                        Some(c) => return self.install(version, blob, tract, c).await,
-                        None => format!("{src} sent a malformed copy"),
-                    }
-                }
-                Ok((other, _)) => format!("{src} answered a copy with {other:?}"),
-                Err(e) => e.to_string(),
-            },
+        let Some(src) = sources.first() else {
+            return Err(self.not_copied(blob, tract, "the row has no complete member"));
         };
-        Err(ErrorReply::new(
-            ErrorCode::NotReady,
-            format!("tract {tract} of {blob} is being copied to this server and no complete replica gave it ({last}); retry"),
-        ))
+        // Incremental repair (Ursa §4.2.1): a tract this server still
+        // holds, from when it was in the row before, is compared chunk by
+        // chunk with the source's, and only what differs comes over. Blob
+        // metadata (one chunk) is always copied whole: its record must be
+        // reloaded anyway.
+        let held = if tract.is_meta() { None } else { self.held(blob, tract).await };
+        let mut had = Vec::new();
+        let (req, inc) = match held {
+            Some((incarnation, have)) => {
+                had = have.iter().map(|c| matches!(c, ChunkState::Data(_))).collect();
+                let t = RowTract { blob, tract };
+                (
+                    Request::CopyTractChanges { row, row_version: version, tract: t, incarnation, have },
+                    Some(incarnation),
+                )
+            }
+            None => (Request::CopyTract { row, row_version: version, tract: RowTract { blob, tract } }, None),
+        };
+        let size = self.parts.store.tract_size();
+        let last = match self.parts.peers.call_data(*src, &req).await {
+            Ok((Reply::TractCopy { incarnation, bitmap, crcs }, data)) if inc.is_none() => {
+                match parse_copy(size, incarnation, &bitmap, crcs, data) {
+                    Some(c) => return self.install(version, blob, tract, c).await,
+                    None => format!("{src} sent a malformed copy"),
+                }
+            }
+            Ok((Reply::TractChanges { incarnation, bitmap, crcs, holes }, data)) if inc.is_some() => {
+                let holes = parse_bitmap(size, &holes);
+                match (parse_copy(size, incarnation, &bitmap, crcs, data), holes) {
+                    (Some(c), Some(holes)) if Some(incarnation) == inc => {
+                        return self.patch(version, blob, tract, c, &holes, &had).await
+                    }
+                    (Some(c), Some(holes)) if holes.is_empty() => {
+                        return self.install(version, blob, tract, c).await
+                    }
+                    _ => format!("{src} sent malformed changes"),
+                }
+            }
+            Ok((other, _)) => format!("{src} answered a copy with {other:?}"),
+            Err(e) => e.to_string(),
+        };
+        Err(self.not_copied(blob, tract, &last))
     }
 
-    /// Replaces this server's copy of a tract with `c`, durably.
-    async fn install(&self, version: u64, blob: BlobId, tract: TractNo, c: Copied) -> Result<(), ErrorReply> {
-        // Whatever was here is stale: this server may have held the row
-        // long ago, or a copy was cut off by a restart.
-        if let Some(old) = self.parts.store.incarnation_of(blob, tract).await {
-            self.parts.store.delete(blob, old, tract).await.map_err(store_err)?;
+    fn not_copied(&self, blob: BlobId, tract: TractNo, why: &str) -> ErrorReply {
+        ErrorReply::new(
+            ErrorCode::NotReady,
+            format!("tract {tract} of {blob} is being copied to this server and no complete replica gave it ({why}); retry"),
+        )
+    }
+
+    /// The incarnation and digest of a tract held here, if any.
+    async fn held(&self, blob: BlobId, tract: TractNo) -> Option<(Incarnation, Vec<ChunkState>)> {
+        let inc = self.parts.store.incarnation_of(blob, tract).await?;
+        match self.parts.store.digest(blob, inc, tract).await {
+            Ok(have) if !have.is_empty() => Some((inc, have)),
+            _ => None,
         }
-        if c.incarnation == 0 || c.runs.is_empty() {
-            if tract.is_meta() {
-                self.parts.metas.set(blob, None);
+    }
+
+    /// Brings a tract held here at `c.incarnation` to the source's state:
+    /// writes the chunks that differed, unmaps those the source does not
+    /// hold, then makes it durable. Every other chunk was the same on both
+    /// sides when the source compared them; a write landing on one since
+    /// is on its way here too, and waits for this repair (the copy lock).
+    async fn patch(
+        &self,
+        version: u64,
+        blob: BlobId,
+        tract: TractNo,
+        c: Copied,
+        holes: &[(u32, u32)],
+        had: &[bool],
+    ) -> Result<(), ErrorReply> {
+        // Chunks that held data here and were neither sent nor unmapped:
+        // what a whole copy would have moved again for nothing.
+        let mut kept = had.to_vec();
+        for (first, n) in c.runs.iter().chain(holes) {
+            for i in *first..first + n {
+                if let Some(k) = kept.get_mut(i as usize) {
+                    *k = false;
+                }
             }
-            return Ok(());
+        }
+        let same = kept.iter().filter(|k| **k).count() as u64 * CHUNK_SIZE as u64;
+        // The chunks not sent are kept from what is here: it must still be
+        // the tract that was compared (the copy lock keeps writes, trims
+        // and deletes of it waiting, and nothing else frees a tract of a
+        // row this server is filling).
+        if self.parts.store.incarnation_of(blob, tract).await != Some(c.incarnation) {
+            return Err(self.not_copied(blob, tract, "the tract changed here while it was compared"));
         }
         self.pace(c.data.len() as u64).await;
+        self.write_runs(version, blob, tract, &c).await?;
+        for (first, n) in holes {
+            self.parts
+                .store
+                .trim(blob, c.incarnation, tract, first * CHUNK_SIZE, n * CHUNK_SIZE, crate::store::ALWAYS)
+                .await
+                .map_err(store_err)?;
+        }
+        self.parts.store.sync().await.map_err(store_err)?;
+        self.fills.bytes_done.fetch_add(c.data.len() as u64, Ordering::Relaxed);
+        self.fills.bytes_unchanged.fetch_add(same, Ordering::Relaxed);
+        self.fills.tracts_repaired.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes a copy's runs of chunks (not yet durable).
+    async fn write_runs(
+        &self,
+        version: u64,
+        blob: BlobId,
+        tract: TractNo,
+        c: &Copied,
+    ) -> Result<(), ErrorReply> {
         let mut at = 0usize;
         for (first, n) in &c.runs {
             let (n, chunk) = (*n as usize, CHUNK_SIZE as usize);
@@ -368,6 +500,24 @@ impl Filler {
             self.parts.store.write_with(w, crate::store::ALWAYS).await.map_err(store_err)?;
             at += n;
         }
+        Ok(())
+    }
+
+    /// Replaces this server's copy of a tract with `c`, durably.
+    async fn install(&self, version: u64, blob: BlobId, tract: TractNo, c: Copied) -> Result<(), ErrorReply> {
+        // Whatever was here is stale: this server may have held the row
+        // long ago, or a copy was cut off by a restart.
+        if let Some(old) = self.parts.store.incarnation_of(blob, tract).await {
+            self.parts.store.delete(blob, old, tract).await.map_err(store_err)?;
+        }
+        if c.incarnation == 0 || c.runs.is_empty() {
+            if tract.is_meta() {
+                self.parts.metas.set(blob, None);
+            }
+            return Ok(());
+        }
+        self.pace(c.data.len() as u64).await;
+        self.write_runs(version, blob, tract, &c).await?;
         self.parts.store.sync().await.map_err(store_err)?;
         if tract.is_meta() {
             match decode_meta(&c.data) {
@@ -398,85 +548,6 @@ impl Filler {
         if end > now {
             self.parts.env.sleep(end - now).await;
         }
-    }
-
-    /// Serves `CopyTract`: the tract's present chunks with their CRCs.
-    /// The caller has checked that this server is a complete member of
-    /// `row` at the version asked (`TractService::check_source`).
-    pub async fn serve_copy(&self, row: u32, t: RowTract) -> Result<(Reply, Bytes), ErrorReply> {
-        if self.parts.rows.locate(t.blob, t.tract) != Some(row) {
-            return Err(ErrorReply::new(
-                ErrorCode::BadRequest,
-                format!("tract {} is not in row {row}", t.tract),
-            ));
-        }
-        let Some(inc) = self.parts.store.incarnation_of(t.blob, t.tract).await else {
-            return Ok((Reply::TractCopy { incarnation: 0, bitmap: vec![], crcs: vec![] }, Bytes::new()));
-        };
-        let bitmap = self.parts.store.mapped(t.blob, inc, t.tract).await;
-        let mut data = Vec::new();
-        let mut crcs = Vec::new();
-        let present: Vec<u32> = (0..bitmap.len() as u32 * 8)
-            .filter(|i| bitmap[(*i / 8) as usize] & (1 << (i % 8)) != 0)
-            .collect();
-        // Read runs of present chunks (one read each), verified by the store.
-        // A chunk this server cannot read (torn by a power loss, or rot the
-        // scrubber has not repaired) is first healed from another complete
-        // member, as a partial write would heal it: otherwise a newcomer,
-        // which copies only from here, would wait for this tract forever
-        // (and a volume reconciling it with it), while the row's other
-        // members hold it readable.
-        let mut heals = 0;
-        let mut i = 0;
-        while i < present.len() {
-            let mut n = 1;
-            while i + n < present.len() && present[i + n] == present[i] + n as u32 {
-                n += 1;
-            }
-            let read = self
-                .parts
-                .store
-                .read(t.blob, inc, t.tract, present[i] * CHUNK_SIZE, n as u32 * CHUNK_SIZE)
-                .await;
-            let (b, c) = match read {
-                // Not while this server heals the tract itself: the asker
-                // may be the peer it asked (`scrub::Heals`).
-                Err(e @ StoreError::Corrupt { chunk, .. })
-                    if heals < present.len() && !self.parts.healer.healing(t.blob, t.tract) =>
-                {
-                    heals += 1;
-                    if self.parts.healer.heal_chunk(t.blob, inc, t.tract, chunk).await {
-                        continue;
-                    }
-                    return Err(store_err(e));
-                }
-                r => r.map_err(store_err)?,
-            };
-            data.extend_from_slice(&b);
-            crcs.extend(c);
-            i += n;
-        }
-        Ok((Reply::TractCopy { incarnation: inc, bitmap, crcs }, Bytes::from(data)))
-    }
-
-    /// Serves `ListRowTracts`: a page of the tracts this server holds in
-    /// `row` (checked by the caller as for [`Filler::serve_copy`]).
-    pub fn serve_list(&self, row: u32, after: Option<RowTract>) -> Reply {
-        let layout = self.parts.rows.layout();
-        let after = after.map(|a| (a.blob, a.tract));
-        let mut tracts: Vec<RowTract> = self
-            .parts
-            .store
-            .tracts()
-            .into_iter()
-            .filter(|k| after.is_none_or(|a| *k > a))
-            .filter(|(b, t)| layout.locate(*b, *t) == Some(row))
-            .take(ROW_TRACTS_PAGE + 1)
-            .map(|(blob, tract)| RowTract { blob, tract })
-            .collect();
-        let more = tracts.len() > ROW_TRACTS_PAGE;
-        tracts.truncate(ROW_TRACTS_PAGE);
-        Reply::RowTracts { tracts, more }
     }
 
     /// Copies every row being filled here, all rows at once sharing
@@ -709,5 +780,17 @@ mod tests {
         assert!(f.any.load(Ordering::Acquire));
         f.update(ME, &assignment(&[]));
         assert!(!f.any.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn bitmaps_round_trip_as_runs() {
+        let size = 64 * CHUNK_SIZE;
+        let set = [0u32, 1, 2, 9, 33, 34, 63];
+        let b = source::to_bitmap(64, &set);
+        assert_eq!(parse_bitmap(size, &b), Some(vec![(0, 3), (9, 1), (33, 2), (63, 1)]));
+        assert_eq!(parse_bitmap(size, &[]), Some(vec![]));
+        // A chunk past the tract, or a bitmap longer than the tract's.
+        assert_eq!(parse_bitmap(8 * CHUNK_SIZE - CHUNK_SIZE, &[0x80]), None);
+        assert_eq!(parse_bitmap(size, &[0; 9]), None);
     }
 }
