@@ -240,7 +240,10 @@ impl Plan {
         let readmitted: BTreeSet<usize> = self.readmitted.iter().map(|(r, _)| *r).collect();
         let bumped = self.changes.iter().filter(|c| c.bump).count();
         [
-            (bumped - grown - committed - readmitted.len(), "re-replicating rows of dead tractservers"),
+            (
+                bumped.saturating_sub(grown + committed + readmitted.len()),
+                "re-replicating rows of dead tractservers",
+            ),
             (self.changes.iter().filter(|c| !c.bump).count(), "rows fully replicated again"),
             (grown, "rows given pending members (cluster growth)"),
             (committed, "pending members committed: they replace their column's member"),
@@ -431,15 +434,16 @@ fn row_changes(
         let fill = v.filling.get(&i).cloned().unwrap_or_default();
         // Members back in time take their columns back first.
         let back = readmit(v, i, &ids, &pend, &fill, &returned);
+        // Recorded only with the change that carries them.
+        let who: Vec<(usize, TsId)> =
+            back.as_ref().map(|b| b.2.iter().map(|id| (i, *id)).collect()).unwrap_or_default();
         let (ids_now, fill) = match &back {
-            Some((ids_now, fill_now, who)) => {
-                readmitted.extend(who.iter().map(|id| (i, *id)));
-                (ids_now.clone(), fill_now.clone())
-            }
+            Some((ids_now, fill_now, _)) => (ids_now.clone(), fill_now.clone()),
             None => (ids.clone(), fill),
         };
         if !ids_now.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id)) {
             if back.is_some() {
+                readmitted.extend(who);
                 changes.push(RowChange {
                     row: i,
                     members: ids_now,
@@ -453,6 +457,19 @@ fn row_changes(
             continue;
         }
         if !rules.recovery {
+            // Dead members stay (like Ceph's `noout`); a returned one
+            // still takes its column back if a complete member is left to
+            // repair it from.
+            if back.is_some() && ids_now.iter().any(|id| !dead.contains(id) && !fill.contains(id)) {
+                readmitted.extend(who);
+                changes.push(RowChange {
+                    row: i,
+                    members: ids_now,
+                    filling: fill,
+                    pending: pend,
+                    bump: true,
+                });
+            }
             continue;
         }
         // Copies come from complete members only; with none alive the row
@@ -509,6 +526,7 @@ fn row_changes(
             *given.entry(pick).or_default() += 1;
         }
         if new_ids != ids || new_pend != pend {
+            readmitted.extend(who);
             changes.push(RowChange {
                 row: i,
                 members: new_ids,

@@ -7,6 +7,7 @@ mod common;
 mod crash_sigkill;
 mod fault_recovery;
 mod hybrid_journal;
+mod incremental_repair;
 mod kv_failover;
 mod lsvd_s3;
 mod lsvd_snapshots;

@@ -282,6 +282,23 @@ fn a_member_back_in_time_returns_to_a_row_that_lost_another() {
     assert!(c.bump);
 }
 
+/// blob-sim seed 60175: a member came back to a row whose other members
+/// were dead or still copying. Nobody is left to repair it from, so the
+/// row stays stuck as it was and nobody is counted as readmitted (the
+/// round's summary once subtracted readmissions that made no change).
+#[test]
+fn a_member_back_in_time_does_not_return_to_a_stuck_row() {
+    let mut w = returned_while_its_replacement_copies();
+    w.silent.insert(ts(2), DEAD_AFTER);
+    w.silent.insert(ts(3), DEAD_AFTER);
+    for rules in [Rules { grow: false, ..rules() }, Rules { grow: false, recovery: false, ..rules() }] {
+        let p = w.plan_with(&rules);
+        assert!(p.readmitted.is_empty(), "{p:?}");
+        assert!(!p.changes.iter().any(|c| c.row == 0), "{p:?}");
+        let _ = p.summary(&w.tlt);
+    }
+}
+
 #[test]
 fn a_stale_assignment_is_settled() {
     let mut w = World::new(table(4, &[&[1, 2, 3], &[2, 3, 4]]));
