@@ -31,26 +31,7 @@ const TRACT_SIZE: usize = 1 << 20;
 /// Tractserver `i` on disk `ts{i}.disk` in `dir`, copying at 1 MB/s, its
 /// metrics on `metrics`.
 fn tractserver(dir: &Path, meta: &str, i: usize, metrics: &str) -> Proc {
-    let disk = dir.join(format!("ts{i}.disk")).display().to_string();
-    let args: Vec<String> = [
-        "tractserver",
-        "--disk",
-        &disk,
-        "--create-size",
-        "256MiB",
-        "--meta",
-        meta,
-        "--listen",
-        "127.0.0.1:0",
-        "--fill-mbps",
-        "1",
-        "--metrics",
-        metrics,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
+    common::spawn_tractserver_with(dir, meta, i, "256MiB", &["--fill-mbps", "1", "--metrics", metrics])
 }
 
 /// A counter's value in Prometheus text.

@@ -801,6 +801,11 @@ pub fn spawn_tractservers(dir: &Path, meta: &str, n: usize, disk_size: &str) -> 
 /// nothing can take the port between choosing and binding it; the address
 /// comes from the log (the caller waits for it to listen).
 pub fn spawn_tractserver(dir: &Path, meta: &str, i: usize, disk_size: &str) -> Proc {
+    spawn_tractserver_with(dir, meta, i, disk_size, &[])
+}
+
+/// [`spawn_tractserver`] with more `blizzard tractserver` arguments.
+pub fn spawn_tractserver_with(dir: &Path, meta: &str, i: usize, disk_size: &str, extra: &[&str]) -> Proc {
     let disk = dir.join(format!("ts{i}.disk")).display().to_string();
     let args: Vec<String> = [
         "tractserver",
@@ -814,6 +819,7 @@ pub fn spawn_tractserver(dir: &Path, meta: &str, i: usize, disk_size: &str) -> P
         "127.0.0.1:0",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
