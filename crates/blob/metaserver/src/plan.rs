@@ -441,8 +441,13 @@ fn row_changes(
             Some((ids_now, fill_now, _)) => (ids_now.clone(), fill_now.clone()),
             None => (ids.clone(), fill),
         };
-        if !ids_now.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id)) {
-            if back.is_some() {
+        let degraded = ids_now.iter().chain(pend.iter().map(|(_, id)| id)).any(|id| dead.contains(id));
+        if !degraded || !rules.recovery {
+            // A returned member takes its column back. With recovery off
+            // dead members stay (like Ceph's `noout`), and it does only if
+            // a complete member is left to repair it from.
+            let source = ids_now.iter().any(|id| !dead.contains(id) && !fill.contains(id));
+            if back.is_some() && (!degraded || source) {
                 readmitted.extend(who);
                 changes.push(RowChange {
                     row: i,
@@ -451,24 +456,10 @@ fn row_changes(
                     pending: pend,
                     bump: true,
                 });
-            } else if let Some(c) = filled(v, i, row, &ids, &pend, &fill) {
-                changes.push(c);
-            }
-            continue;
-        }
-        if !rules.recovery {
-            // Dead members stay (like Ceph's `noout`); a returned one
-            // still takes its column back if a complete member is left to
-            // repair it from.
-            if back.is_some() && ids_now.iter().any(|id| !dead.contains(id) && !fill.contains(id)) {
-                readmitted.extend(who);
-                changes.push(RowChange {
-                    row: i,
-                    members: ids_now,
-                    filling: fill,
-                    pending: pend,
-                    bump: true,
-                });
+            } else if !degraded {
+                if let Some(c) = filled(v, i, row, &ids, &pend, &fill) {
+                    changes.push(c);
+                }
             }
             continue;
         }

@@ -184,20 +184,7 @@ fn a_fenced_server_that_returns_is_settled() {
     // Member 1 was declared dead and replaced by 4 in row 0; it is
     // heard from again, still reporting row 0 at the old version.
     let mut w = World::new(table(4, &[&[4, 2, 3], &[2, 3, 4]]));
-    w.register(ts(1));
-    let old = Assignment {
-        rows: vec![AssignedRow {
-            row: 0,
-            version: 4,
-            members: ids(&[1, 2, 3]),
-            filling: vec![],
-            pending: vec![],
-        }],
-        ..assignment_for(&w.tlt, &w.filling, ts(1))
-    };
-    w.member(1).reported = Some(old);
-    w.dead.insert(ts(1));
-    w.silent.insert(ts(1), DEAD_AFTER / 2 - Duration::from_millis(1));
+    back_from_row_0(&mut w, DEAD_AFTER / 2 - Duration::from_millis(1));
     let p = w.plan_with(&Rules { grow: false, ..rules() });
     assert_eq!(p.returned, ids(&[1]));
     assert!(p.stale.is_empty(), "returned, not also stale: {p:?}");
@@ -216,6 +203,13 @@ fn returned_while_its_replacement_copies() -> World {
     let mut w = World::new(table(5, &[&[4, 2, 3], &[2, 3, 4], &[5, 2, 3]]));
     w.filling.insert(0, set(&[4]));
     w.register(ts(4));
+    back_from_row_0(&mut w, Duration::ZERO);
+    w
+}
+
+/// Member 1, declared dead, is heard from again (silent for `silent`),
+/// still reporting row 0 at version 4 with members 1, 2, 3.
+fn back_from_row_0(w: &mut World, silent: Duration) {
     w.register(ts(1));
     let old = Assignment {
         rows: vec![AssignedRow {
@@ -229,8 +223,7 @@ fn returned_while_its_replacement_copies() -> World {
     };
     w.member(1).reported = Some(old);
     w.dead.insert(ts(1));
-    w.silent.insert(ts(1), Duration::ZERO);
-    w
+    w.silent.insert(ts(1), silent);
 }
 
 #[test]
