@@ -27,11 +27,13 @@
 //! inside a page. A buffered write into part of a page the page cache does
 //! not hold makes the kernel read that page from the device first,
 //! synchronously, on the thread that writes, which here is a runtime
-//! thread: measured, 0.9 device reads per append, and journaled 3-way
-//! writes at a third of the unjournaled rate. The zero-filler writes new
-//! journal files around the page cache, and free space is cold anyway. So
-//! the appends lay whole pages of zeros a window ahead of themselves, off
-//! the runtime threads, and then land on cached pages.
+//! thread. Free space is cold unless the previous lap left its pages in
+//! the page cache: all through a new journal's first lap (the zero-filler
+//! writes new files around the page cache), for a lap after a restart, and
+//! under memory pressure. Measured on new journals: 0.9 device reads per
+//! append, and journaled 3-way writes at a third of the unjournaled rate.
+//! So the appends lay whole pages of zeros a window ahead of themselves,
+//! off the runtime threads, and then land on cached pages.
 //!
 //! The ring does not wait for room: a full journal says so
 //! ([`JournalError::Full`]) and the caller writes to the data disk
