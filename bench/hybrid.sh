@@ -121,6 +121,10 @@ ticks() { # pid: utime+stime of the whole process
     awk '{print $12 + $13 + $14 + $15}' <<<"$s"
 }
 
+iowait() { # machine-wide CPU ticks in I/O wait, and all CPU ticks, from /proc/stat
+    awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $6, t }' /proc/stat
+}
+
 settle() { # wait (up to 60 s) until the server uses under a tenth of a core
     local a b
     a=$(ticks "$SERVER_PID")
@@ -212,19 +216,22 @@ for v in "${VOLUMES[@]}"; do
         json=$RESULTS/$v.$name.json
         sync; echo 3 > /proc/sys/vm/drop_caches
         s0=$(ticks "$SERVER_PID")
+        read -r w0 t0 <<<"$(iowait)"
         timeout -k 10 $((RUNTIME + 600)) fio "--name=$name" "${ENGINE[@]}" "--rw=$rw" "--bs=$bs" \
             "--iodepth=$qd" "--size=$SIZE_B" --time_based "--runtime=$RUNTIME" --norandommap \
             --randrepeat=0 --output-format=json > "$json" || {
             echo "fio failed or timed out ($v $name); see $json" >&2; exit 1; }
         s1=$(ticks "$SERVER_PID")
+        read -r w1 t1 <<<"$(iowait)"
+        waiting=$(python3 -c "print(round(100 * ($w1 - $w0) / max(1, $t1 - $t0)))")
         read -r ops iops mbps p99 <<<"$(parse_fio "$json")"
         cpu=$(python3 -c "print(($s1 - $s0) * 1e6 / $HZ / $ops)")
         # The hdd disks destage what the journals took before the next
         # row, which would otherwise queue behind it on the one arm.
         drained=$(drain)
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$v" "$iops" "$mbps" "$p99" "$cpu" "$drained" >> "$TSV"
-        printf '  %-7s %-18s %9.0f IOPS %7.0f MB/s  p99 %9.0f us  server %8.1f us/op  journals destaged in %s s\n' \
-            "$v" "$name" "$iops" "$mbps" "$p99" "$cpu" "$drained" >&2
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$v" "$iops" "$mbps" "$p99" "$cpu" "$drained" "$waiting" >> "$TSV"
+        printf '  %-7s %-18s %9.0f IOPS %7.0f MB/s  p99 %9.0f us  server %8.1f us/op  iowait %3s%%  journals destaged in %s s\n' \
+            "$v" "$name" "$iops" "$mbps" "$p99" "$cpu" "$waiting" "$drained" >&2
         settle
     done
 done
@@ -242,9 +249,9 @@ python3 - "$TSV" <<'EOF'
 import sys, collections
 rows = collections.OrderedDict()
 for line in open(sys.argv[1]):
-    name, vol, iops, mbps, p99, cpu, drained = line.rstrip("\n").split("\t")
+    name, vol, iops, mbps, p99, cpu, drained, waiting = line.rstrip("\n").split("\t")
     rows.setdefault(name, {})[vol] = dict(iops=float(iops), mbps=float(mbps), p99=float(p99), cpu=float(cpu),
-                                          drained=int(drained))
+                                          drained=int(drained), waiting=int(waiting))
 label = {"4k-randwrite-qd32": "4 KiB random write QD32", "4k-randread-qd32": "4 KiB random read QD32",
          "1m-seqwrite-qd8": "1 MiB sequential write QD8"}
 def shown(name, r):
@@ -265,6 +272,14 @@ print("| workload | ssd | hybrid | hdd |")
 print("|---|---|---|---|")
 for name, by in rows.items():
     print(f"| {label[name]} | {by['ssd']['drained']} | {by['hybrid']['drained']} | {by['hdd']['drained']} |")
+print()
+print("Share of the machine's CPU time spent waiting for the device during each row (/proc/stat iowait):")
+print("high where a row waited on the device rather than on blizzard.")
+print()
+print("| workload | ssd | hybrid | hdd |")
+print("|---|---|---|---|")
+for name, by in rows.items():
+    print(f"| {label[name]} | {by['ssd']['waiting']}% | {by['hybrid']['waiting']}% | {by['hdd']['waiting']}% |")
 print()
 w, r = rows["4k-randwrite-qd32"], rows["4k-randread-qd32"]
 print(f"hybrid: write_vs_ssd={w['hybrid']['iops'] / w['ssd']['iops']:.2f} "
