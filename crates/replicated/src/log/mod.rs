@@ -1,5 +1,6 @@
 //! The durable Raft log: openraft's [`RaftLogStorage`] and
-//! [`RaftLogReader`] over the env seam's disks, in a directory of its own.
+//! [`RaftLogReader`](openraft::storage::RaftLogReader) over the env
+//! seam's disks, in a directory of its own.
 //!
 //! Files (formats byte by byte in `segment.rs` and `meta.rs`):
 //!
@@ -51,32 +52,40 @@
 //! Reads: the newest entries (at most [`LogConfig::cache_entries_max`]
 //! and [`LogConfig::cache_bytes_max`]) are kept decoded in memory; older
 //! ones are read from their segment (the page cache, mostly) and checked
-//! against the CRC the index remembers before they are decoded.
+//! against the CRC the index remembers before they are decoded
+//! (`read.rs`).
+//!
+//! Where things are: this file has the configuration, the errors, the
+//! state in memory, the write path (append, truncate, purge, the meta
+//! writes) and openraft's [`RaftLogStorage`]; `flush.rs` the group
+//! commit (the flusher); `read.rs` the read path and `RaftLogReader`;
+//! `recover.rs` recovery; `segment.rs` and `meta.rs` the formats;
+//! `tests.rs` (with `tests_recovery.rs`) the store's tests.
 
+mod flush;
 mod meta;
+mod read;
 mod recover;
 mod segment;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Debug;
 use std::io;
-use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::OptionalSend;
 use tokio::sync::{mpsc, oneshot};
 
 use blizzard_env::{Disk, Env, GroupCommit};
 
 use crate::types::{Entry, LogId, NodeId, Raft, Vote};
+use flush::{flusher, Done, Flush};
 use meta::{Meta, SlotError, META_LEN, META_SLOT_LEN};
-use segment::{
-    align, decode_record, segment_name, Record, SegmentHeader, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN,
-};
+use segment::{align, segment_name, Record, SegmentHeader, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 pub use segment::{Undecodable, ENTRY_LEN_MAX};
 
 /// Default segment length.
@@ -419,92 +428,10 @@ struct WriteState {
     durable_slot: usize,
 }
 
-/// Work for the flusher: segments to sync, then what to tell.
-struct Flush {
-    segs: Vec<Arc<Segment>>,
-    done: Done,
-}
-
-enum Done {
-    Io(IOFlushed<Raft>),
-    Signal(oneshot::Sender<Result<(), String>>),
-}
-
-impl Done {
-    fn complete(self, res: &Result<(), String>) {
-        match self {
-            Done::Io(cb) => cb.io_completed(res.clone().map_err(io::Error::other)),
-            Done::Signal(tx) => {
-                let _ = tx.send(res.clone());
-            }
-        }
-    }
-}
-
-const FAILED: &str = "an earlier write or fdatasync of the log failed";
-
-/// The group commit: takes every flush queued so far, syncs each segment
-/// they wrote once, then completes them in order.
-async fn flusher(mut rx: mpsc::Receiver<Flush>, health: Arc<Health>, ack_before_sync: bool) {
-    while let Some(first) = rx.recv().await {
-        // Appends ready to run reach the page cache and queue first, so
-        // that this sync covers them too (costs nothing when alone).
-        tokio::task::yield_now().await;
-        let mut batch = vec![first];
-        while batch.len() < FLUSH_QUEUE_MAX {
-            match rx.try_recv() {
-                Ok(f) => batch.push(f),
-                Err(_) => break,
-            }
-        }
-        let mut segs: Vec<Arc<Segment>> = Vec::new();
-        for f in &batch {
-            for s in &f.segs {
-                // By identity: a number is reused after its segment was
-                // removed by a truncation, and both may be in one batch.
-                if !segs.iter().any(|x| Arc::ptr_eq(x, s)) {
-                    segs.push(s.clone());
-                }
-            }
-        }
-        if ack_before_sync {
-            // The planted bug: durable before it is (no sync at all: the
-            // bytes reach the disk whenever something else syncs it).
-            for f in batch {
-                f.done.complete(&Ok(()));
-            }
-            continue;
-        }
-        let res = sync_all(&segs, &health).await;
-        for f in batch {
-            f.done.complete(&res);
-        }
-    }
-}
-
-async fn sync_all(segs: &[Arc<Segment>], health: &Health) -> Result<(), String> {
-    for s in segs {
-        if health.failed.load(Ordering::Acquire) {
-            return Err(FAILED.to_string());
-        }
-        let res = s.commit.sync().await;
-        health.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = res {
-            health.failed.store(true, Ordering::Release);
-            return Err(format!("fdatasync of {} failed: {e}", s.path.display()));
-        }
-    }
-    if health.failed.load(Ordering::Acquire) {
-        return Err(FAILED.to_string());
-    }
-    Ok(())
-}
-
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LogError + 'a {
     move |source| LogError::Io { what, path: path.to_path_buf(), source }
 }
 
-/// Reads a segment front to back in chunks.
 impl LogStore {
     /// Opens the log in `dir` (creating it if new) for member `node` of
     /// `cluster`, recovering what a crash left (see the module's table).
@@ -856,68 +783,6 @@ impl LogStore {
         }
         Ok(())
     }
-
-    /// Entries in `[start, end)` that the log holds, at most `bytes_max`
-    /// encoded bytes of them (one at least).
-    async fn read(&self, start: u64, end: u64, bytes_max: usize) -> Result<Vec<Entry>, LogError> {
-        let mut attempt = 0;
-        loop {
-            let (plan, cached, generation) = {
-                let s = self.inner.lock();
-                let (Some(first), Some(last)) = (s.first_index(), s.locs.back().map(|l| l.log_id.index))
-                else {
-                    return Ok(Vec::new());
-                };
-                let (start, end) = (start.max(first), end.min(last + 1));
-                if start >= end {
-                    return Ok(Vec::new());
-                }
-                let mut stop = start;
-                let mut bytes = 0usize;
-                while stop < end {
-                    let n = s.locs[(stop - first) as usize].len as usize;
-                    if stop > start && bytes.saturating_add(n) > bytes_max {
-                        break;
-                    }
-                    bytes = bytes.saturating_add(n);
-                    stop += 1;
-                }
-                let cache_first = s.cache.front().map_or(last + 1, |(e, _)| e.log_id.index);
-                let mut plan = Vec::new();
-                for i in start..stop.min(cache_first) {
-                    let l = s.locs[(i - first) as usize];
-                    match s.segments.get(&l.seg) {
-                        Some(seg) => plan.push((seg.clone(), l)),
-                        None => {
-                            return Err(LogError::Corrupt {
-                                path: PathBuf::from(segment_name(l.seg)),
-                                offset: l.offset,
-                                index: i,
-                                why: "its segment is not open (a bug)".into(),
-                            });
-                        }
-                    }
-                }
-                let cached: Vec<Entry> = (start.max(cache_first)..stop)
-                    .map(|i| s.cache[(i - cache_first) as usize].0.clone())
-                    .collect();
-                (plan, cached, s.generation)
-            };
-            match read_records(&plan).await {
-                Ok(mut v) => {
-                    v.extend(cached);
-                    return Ok(v);
-                }
-                Err(e) => {
-                    if attempt < READ_RETRIES && self.inner.lock().generation != generation {
-                        attempt += 1;
-                        continue;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-    }
 }
 
 impl Inner {
@@ -963,88 +828,6 @@ impl Inner {
         let seg =
             Segment { number, path, commit: GroupCommit::new(disk.clone()), disk, salt: header.salt, len };
         Ok((Arc::new(seg), bytes, crc))
-    }
-}
-
-/// Reads and checks the records at `plan`, in order.
-async fn read_records(plan: &[(Arc<Segment>, Loc)]) -> Result<Vec<Entry>, LogError> {
-    let mut out = Vec::with_capacity(plan.len());
-    let mut i = 0;
-    while i < plan.len() {
-        // A run of records back to back in one segment, one read.
-        let (seg, first) = &plan[i];
-        let mut j = i + 1;
-        let mut end = first.offset + first.len as u64;
-        while j < plan.len() {
-            let (s, l) = &plan[j];
-            if !Arc::ptr_eq(s, seg)
-                || l.offset != align(end)
-                || l.offset + l.len as u64 - first.offset > READ_CHUNK_MAX as u64
-            {
-                break;
-            }
-            end = l.offset + l.len as u64;
-            j += 1;
-        }
-        let buf = seg
-            .disk
-            .read_at(first.offset, (end - first.offset) as usize)
-            .await
-            .map_err(io_err("reading", &seg.path))?;
-        for (_, l) in &plan[i..j] {
-            let at = (l.offset - first.offset) as usize;
-            let rec = buf.slice(at..at + l.len as usize);
-            let corrupt = |why: String| LogError::Corrupt {
-                path: seg.path.clone(),
-                offset: l.offset,
-                index: l.log_id.index,
-                why,
-            };
-            match decode_record(seg.salt, l.prev, &rec) {
-                Ok((h, e)) if h.crc == l.crc && e.log_id == l.log_id => out.push(e),
-                Ok((h, e)) => {
-                    return Err(corrupt(format!(
-                        "CRC {:08x} and log id {} where {:08x} and {} were written",
-                        h.crc, e.log_id, l.crc, l.log_id
-                    )));
-                }
-                Err(why) => return Err(corrupt(why.to_string())),
-            }
-        }
-        i = j;
-    }
-    Ok(out)
-}
-
-fn bounds(r: &impl RangeBounds<u64>) -> (u64, u64) {
-    let start = match r.start_bound() {
-        Bound::Included(s) => *s,
-        Bound::Excluded(s) => s.saturating_add(1),
-        Bound::Unbounded => 0,
-    };
-    let end = match r.end_bound() {
-        Bound::Included(e) => e.saturating_add(1),
-        Bound::Excluded(e) => *e,
-        Bound::Unbounded => u64::MAX,
-    };
-    (start, end)
-}
-
-impl RaftLogReader<Raft> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, io::Error> {
-        let (start, end) = bounds(&range);
-        Ok(self.read(start, end, usize::MAX).await?)
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(self.inner.lock().vote)
-    }
-
-    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, io::Error> {
-        Ok(self.read(start, end, self.inner.cfg.read_bytes_max).await?)
     }
 }
 

@@ -31,7 +31,6 @@
 //! before `open` returns, so what recovery reports is what the next crash
 //! will find too.
 //!
-//!
 //! The steps, each a function below, in order: list the files
 //! ([`list_files`]); open or create the meta ([`open_meta`]); check the
 //! live segments are contiguous ([`live_segments`]); scan their records
@@ -58,6 +57,7 @@ use super::{
 };
 use crate::types::{LogId, NodeId};
 
+/// Reads a segment front to back in chunks.
 struct Window<'a> {
     disk: &'a Arc<dyn Disk>,
     limit: u64,
@@ -488,15 +488,24 @@ mod tests {
     }
 
     /// A log that reaches the committed id with that very entry there is
-    /// whole; one that stops short, or holds another entry at that index,
-    /// lost synced records and is refused, saying where and why it ended.
+    /// whole, whether it goes on past it or ends right there.
     #[test]
-    fn a_log_must_still_hold_its_committed_entry() {
+    fn a_log_that_holds_its_committed_entry_is_whole() {
         let c = id(3, 10);
         assert!(check_committed(c, Some(id(3, 12)), Some(c), None).is_ok());
         assert!(check_committed(c, Some(c), Some(c), Some("a torn tail")).is_ok());
+    }
+
+    /// A log that stops short of the committed id lost synced records and
+    /// is refused, saying where and why it ended.
+    #[test]
+    fn a_log_that_ends_before_its_committed_entry_is_refused() {
+        let c = id(3, 10);
         match check_committed(c, Some(id(3, 9)), None, Some("a torn tail")) {
-            Err(LogError::CommittedLost { stop, .. }) => assert_eq!(stop, "a torn tail"),
+            Err(LogError::CommittedLost { last, stop, .. }) => {
+                assert_eq!(last, id(3, 9).to_string());
+                assert_eq!(stop, "a torn tail");
+            }
             other => panic!("{other:?}"),
         }
         match check_committed(c, None, None, None) {
@@ -506,9 +515,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A log that reaches the committed index but holds another entry
+    /// there lost the committed one and is refused, naming the one found.
+    #[test]
+    fn a_log_with_another_entry_at_the_committed_index_is_refused() {
+        let c = id(3, 10);
         match check_committed(c, Some(id(4, 11)), Some(id(4, 10)), None) {
-            Err(LogError::CommittedLost { last, .. }) => {
-                assert!(last.contains("whose entry 10 is"), "{last}")
+            Err(LogError::CommittedLost { committed, last, stop }) => {
+                assert_eq!(committed, c);
+                assert_eq!(last, format!("{} (whose entry 10 is {})", id(4, 11), id(4, 10)));
+                assert_eq!(stop, "the last segment ends there");
             }
             other => panic!("{other:?}"),
         }
