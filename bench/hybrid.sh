@@ -36,7 +36,9 @@
 # IOPS ratios of 4 KiB random writes (hybrid ÷ ssd), random reads (hybrid ÷
 # ssd) and random writes of the hdd volume ÷ ssd.
 #
-# Environment: RUNTIME (15), SIZE (512MiB), JOURNAL (512MiB), DIR (/var/tmp),
+# Environment: RUNTIME (15), SIZE (512MiB), JOURNAL (512MiB), OVERFLOW (each
+# journal's second area, beside its disk file, taking writes while the
+# journal is full: JOURNAL; 0 for none), DIR (/var/tmp),
 # RESULTS (a new /tmp dir), BUILD=1 rebuilds the release binary first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +46,7 @@ ROOT=$PWD
 RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-512MiB}
 JOURNAL=${JOURNAL:-512MiB}
+OVERFLOW=${OVERFLOW:-$JOURNAL}
 BUILD=${BUILD:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
 BIN=$TARGET/release/blizzard
@@ -176,6 +179,7 @@ START=$(date -u '+%Y-%m-%d %H:%M UTC')
 META=127.0.0.1:$(free_port)
 UP=("$BIN" up --data "$WORK/data" --listen "unix:$WORK/nbd.sock" --meta-listen "$META"
     --replication 3 --tractservers 9 --hdd-tractservers 6 --hdd-model hdd --journal-size "$JOURNAL"
+    --journal-overflow-size "$OVERFLOW"
     --volume ssd --placement ssd --size "$SIZE_B" --disk-size "$DISK_B")
 echo "${UP[*]}" > "$RESULTS/blizzard.cmd"
 "${UP[@]}" > "$SERVER_LOG" 2>&1 &

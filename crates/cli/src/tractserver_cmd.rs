@@ -58,6 +58,17 @@ pub(crate) struct TractserverArgs {
     /// (milliseconds; also whenever the journal is a quarter full).
     #[arg(long, default_value_t = 2000, requires = "journal")]
     journal_destage_ms: u64,
+    /// A second journal area (a file or device), taking small writes
+    /// while the journal is full instead of sending them to this slow disk
+    /// at random places: more fast storage, or a file on this disk itself,
+    /// where they are appended in order. Once used, the journal is not
+    /// opened without it.
+    #[arg(long, requires = "journal")]
+    journal_overflow: Option<PathBuf>,
+    /// Create the second area's file with this size if it does not exist
+    /// (default: --journal-size).
+    #[arg(long, value_parser = size, requires = "journal_overflow")]
+    journal_overflow_size: Option<u64>,
     /// Megabytes per second the scrubber re-reads to find and repair
     /// damaged chunks (0: no scrubbing).
     #[arg(long, default_value_t = 4)]
@@ -86,6 +97,8 @@ pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs) -> Result<(
         journal_size,
         journal_bypass,
         journal_destage_ms,
+        journal_overflow,
+        journal_overflow_size,
         scrub_mbps,
         fill_mbps,
         metrics,
@@ -116,6 +129,8 @@ pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs) -> Result<(
             .filter(|b| *b <= blizzard_tractserver::backup::format::RECORD_DATA_MAX)
             .context("--journal-bypass must be at most 1MiB (the largest journal record)")?;
         jc.destage_interval = Duration::from_millis(journal_destage_ms.max(1));
+        jc.second_area = journal_overflow;
+        jc.second_area_size = journal_overflow_size;
         cfg.journal = Some(jc);
     }
     cfg.scrub_bandwidth = scrub_mbps.saturating_mul(1_000_000);

@@ -53,6 +53,11 @@ pub(crate) struct UpArgs {
     /// Backup journal of each hdd tractserver (0: none).
     #[arg(long, default_value = "256MiB", value_parser = size)]
     journal_size: u64,
+    /// A second journal area of each hdd tractserver, beside its disk
+    /// file, taking small writes while the journal is full (default:
+    /// --journal-size; 0: none, a full journal sends them to the disk).
+    #[arg(long, value_parser = size)]
+    journal_overflow_size: Option<u64>,
     /// Where the default volume's replicas live when it is created: any,
     /// ssd, hdd or hybrid (see `blizzard volume create --placement`).
     #[arg(long, default_value = "any")]
@@ -126,6 +131,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
         hdd_tractservers,
         hdd_model,
         journal_size,
+        journal_overflow_size,
         placement,
         replication,
         volume,
@@ -160,6 +166,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
             m => Some(blizzard_env::DiskModel::parse(m).map_err(|e| anyhow::anyhow!("--hdd-model: {e}"))?),
         };
         cfg.journal_size = (journal_size > 0).then_some(journal_size);
+        cfg.journal_second_size = journal_overflow_size.unwrap_or(journal_size);
     }
     // Everything is in this process: its servers reach each other
     // over in-memory pipes, and other processes over unix sockets

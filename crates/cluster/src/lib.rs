@@ -57,6 +57,10 @@ pub struct ClusterConfig {
     /// Hdd tractservers each get a backup journal of this many bytes
     /// beside their disk (`ts-N.journal`).
     pub journal_size: Option<u64>,
+    /// And a second journal area of this many bytes beside it
+    /// (`ts-N.journal2`), taking records while the journal is full (0:
+    /// none).
+    pub journal_second_size: u64,
 }
 
 impl ClusterConfig {
@@ -78,6 +82,7 @@ impl ClusterConfig {
             hdd_tractservers: 0,
             hdd_model: None,
             journal_size: None,
+            journal_second_size: 0,
         }
     }
 }
@@ -267,6 +272,10 @@ impl Cluster {
             if let Some(size) = self.cfg.journal_size {
                 let mut jc = ts::JournalConfig::new(self.cfg.data_dir.join(format!("ts-{i}.journal")));
                 jc.create_size = Some(size);
+                if self.cfg.journal_second_size > 0 {
+                    jc.second_area = Some(self.cfg.data_dir.join(format!("ts-{i}.journal2")));
+                    jc.second_area_size = Some(self.cfg.journal_second_size);
+                }
                 t.journal = Some(jc);
             }
         }

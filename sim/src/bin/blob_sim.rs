@@ -171,7 +171,7 @@ fn main() -> ExitCode {
                     println!("{}", r.trace);
                 }
                 println!(
-                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} hybrid_blobs={} tracts_repaired={} repair_kept_bytes={} simulated_ms={} trace_digest={:016x}",
+                    "seed={} ok acknowledged_writes={} verified_reads={} tractserver_crashes={} meta_restarts={} meta_outages={} link_faults={} rows_refilled={} rows_grown={} duplicates={} bit_flips={} full_disks={} full_disk_writes={} volume_ops={} volume_crashes={} volume_crashes_in_flight={} late_deliveries={} late_fenced={} tracts_reconciled={} chunk_repairs={} replica_checks={} journal_checkpoints={} journaled_writes={} journal_replayed={} second_area_records={} hybrid_blobs={} tracts_repaired={} repair_kept_bytes={} simulated_ms={} trace_digest={:016x}",
                     r.seed,
                     r.acknowledged_writes,
                     r.verified_reads,
@@ -196,6 +196,7 @@ fn main() -> ExitCode {
                     r.journal_checkpoints,
                     r.journaled_writes,
                     r.journal_replayed,
+                    r.second_area_records,
                     r.hybrid_blobs,
                     r.tracts_repaired,
                     r.repair_kept_bytes,
@@ -225,10 +226,11 @@ fn main() -> ExitCode {
     // Volume clients: ops, crashes (with writes cut off), late requests
     // (refused by the writer fence), tracts reconciled, chunks repaired,
     // replica checks; the tractservers' journal checkpoints, and the hdd
-    // tractservers' journaled writes and replayed records; hybrid blobs;
+    // tractservers' journaled writes, replayed records and records their
+    // journals' second areas took; hybrid blobs;
     // tracts repaired incrementally and the bytes those repairs kept.
-    let mut vol = [0u64; 14];
-    const VOL_FIELDS: [&str; 14] = [
+    let mut vol = [0u64; 15];
+    const VOL_FIELDS: [&str; 15] = [
         "volume_ops=",
         "volume_crashes=",
         "volume_crashes_in_flight=",
@@ -240,6 +242,7 @@ fn main() -> ExitCode {
         "journal_checkpoints=",
         "journaled_writes=",
         "journal_replayed=",
+        "second_area_records=",
         "hybrid_blobs=",
         "tracts_repaired=",
         "repair_kept_bytes=",

@@ -131,6 +131,9 @@ pub struct BlobSimReport {
     /// records they replayed onto their data disks at restarts, all lives.
     pub journaled_writes: u64,
     pub journal_replayed: u64,
+    /// Records the backup journals' second areas took, their first area
+    /// being full, all lives.
+    pub second_area_records: u64,
     /// Blobs and volumes created with placement hybrid: an ssd primary,
     /// hdd backups behind journals (design 0009).
     pub hybrid_blobs: u64,

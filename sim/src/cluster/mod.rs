@@ -120,7 +120,7 @@ const TS_JOURNAL: u64 = 4096;
 /// Per tractserver and life: chunk-entry journal checkpoints, writes its
 /// backup journal acknowledged, records it replayed at start, tracts it
 /// repaired and the bytes those repairs kept.
-type LifeFigures = std::collections::BTreeMap<(usize, u64), [u64; 5]>;
+type LifeFigures = std::collections::BTreeMap<(usize, u64), [u64; 6]>;
 
 /// Blob clients' writes of at least this many bytes ask before they send
 /// (flow control with tiny bounds, as the rest of this configuration has:
@@ -142,11 +142,16 @@ fn journal_path(i: usize) -> String {
     format!("/sim/ts{i}.journal")
 }
 
-/// A tractserver's power loss: its disks (data, and journal if any) lose,
+/// And that journal's second area, as small, so both fill.
+fn second_area_path(i: usize) -> String {
+    format!("/sim/ts{i}.journal2")
+}
+
+/// A tractserver's power loss: its disks (data, and journal and its second area if any) lose,
 /// keep or tear their unsynced writes.
 fn crash_ts_disks(disks: &SimDisks, i: usize) -> crate::CrashReport {
     let mut report = crate::CrashReport::default();
-    for path in [disk_path(i), journal_path(i)] {
+    for path in [disk_path(i), journal_path(i), second_area_path(i)] {
         if let Some(d) = disks.get(path.as_ref()) {
             report.add(d.crash());
         }
@@ -282,6 +287,8 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                         create_size: Some(TS_BACKUP_JOURNAL),
                         bypass: tract / 2,
                         destage_interval: Duration::from_millis(300),
+                        second_area: Some(second_area_path(i).into()),
+                        second_area_size: Some(TS_BACKUP_JOURNAL),
                     });
                 }
                 // Repairs the flipped bits (reads go to another replica
@@ -301,6 +308,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
                             st.journal_replayed.load(Ordering::Relaxed),
                             fill.tracts_repaired(),
                             fill.unchanged_bytes(),
+                            st.second_area_records.load(Ordering::Relaxed),
                         ];
                         checkpoints.borrow_mut().insert((i, life), figures);
                         env.sleep(Duration::from_millis(100)).await;
@@ -746,7 +754,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
     let vstats: Vec<vc::VolumeStats> = volumes.iter().map(|v| v.stats()).collect();
     let sum = |k: usize| -> u64 { checkpoints.borrow().values().map(|f| f[k]).sum() };
     let (journal_checkpoints, journaled_writes, journal_replayed) = (sum(0), sum(1), sum(2));
-    let (tracts_repaired, repair_kept_bytes) = (sum(3), sum(4));
+    let (tracts_repaired, repair_kept_bytes, second_area_records) = (sum(3), sum(4), sum(5));
     Ok(BlobSimReport {
         seed,
         trace,
@@ -773,6 +781,7 @@ pub fn run_blob_sim(seed: u64, cfg: &BlobSimConfig) -> Result<BlobSimReport, Str
         journal_checkpoints,
         journaled_writes,
         journal_replayed,
+        second_area_records,
         hybrid_blobs: probe.hybrid_blobs.load(Ordering::Relaxed)
             + vstats.iter().map(|s| s.hybrid).sum::<u64>(),
         tracts_repaired,

@@ -150,6 +150,28 @@ impl TractService {
                 "blizzard_backup_journal_syncs_total",
                 "fdatasync calls on the backup journal (each covers a group of writes).",
                 j.syncs() as f64,
+            )
+            .counter(
+                "blizzard_backup_journal_full_writes_total",
+                "Small writes sent to the slow disk directly because every area of the journal was full.",
+                n(&st.journal_full_writes),
+            );
+        }
+        if let Some(j) = self.store.backup_second_area() {
+            text.gauge(
+                "blizzard_backup_journal_second_area_bytes",
+                "Bytes of the ring of the journal's second area (taking records while the first is full).",
+                j.ring_len() as f64,
+            )
+            .gauge(
+                "blizzard_backup_journal_second_area_used_bytes",
+                "Bytes of the second area held by writes the data disk may not have yet.",
+                j.used() as f64,
+            )
+            .counter(
+                "blizzard_backup_journal_second_area_records_total",
+                "Records the journal's second area took because the first was full.",
+                n(&st.second_area_records),
             );
         }
         text.finish()

@@ -14,8 +14,6 @@ use blizzard_proto::codec::decode;
 use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
 use blizzard_rpc::{serve, MetaService, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
-use crate::backup::format::RING_START;
-use crate::backup::journal::{BackupJournal, JournalError, Scan};
 use crate::layout::LayoutError;
 use crate::rows::{Standing, Turn};
 use crate::service::{RowIndex, TractService};
@@ -75,6 +73,14 @@ pub struct JournalConfig {
     /// The data disk is brought up to date at least this often while the
     /// journal holds anything (and whenever it is a quarter full).
     pub destage_interval: Duration,
+    /// A second area (a file or device) that takes journal records while
+    /// the first is full, instead of sending small writes to the slow
+    /// disk at random places: more fast storage, or a file on the data
+    /// disk itself, where appends are sequential (`backup::attach`).
+    pub second_area: Option<PathBuf>,
+    /// Create the second area's file with this many bytes if it does not
+    /// exist (`None`: as `create_size`).
+    pub second_area_size: Option<u64>,
 }
 
 impl JournalConfig {
@@ -84,6 +90,8 @@ impl JournalConfig {
             create_size: Some(1 << 30),
             bypass: 64 << 10,
             destage_interval: Duration::from_secs(2),
+            second_area: None,
+            second_area_size: None,
         }
     }
 }
@@ -189,7 +197,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     };
     store.plant_bug(cfg.planted_bug);
     if let Some(jc) = &cfg.journal {
-        attach_journal(&env, &store, jc).await?;
+        crate::backup::attach::attach_journal(&env, &store, jc).await?;
     }
     let store = Arc::new(store);
     let me = store.disk_id();
@@ -276,61 +284,6 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     Ok(TractServerHandle { id: me, addr, service, tasks: ServerTasks::new(shutdown, tasks) })
 }
 
-/// Opens this disk's backup journal (formatting it if it is new: its
-/// heads all zeros) and attaches it to the store, replaying what it holds.
-/// A replay the data disk refuses (full, failing) released nothing: it is
-/// tried again every second until it succeeds, and nothing is served
-/// meanwhile, since the disk lacks acknowledged writes.
-async fn attach_journal(env: &Env, store: &Store, jc: &JournalConfig) -> Result<(), TractServerError> {
-    let path = jc.path.display().to_string();
-    let err = |error: String| TractServerError::Journal { path: path.clone(), error };
-    let disk = env.open_disk(&jc.path, jc.create_size).await.map_err(|e| err(e.to_string()))?;
-    let (id, tract_size) = (store.disk_id().0, store.tract_size());
-    loop {
-        let (journal, scan) = match BackupJournal::open(disk.clone(), id, tract_size).await {
-            Ok(j) => j,
-            Err(JournalError::NotFormatted) => {
-                // Only a device that holds nothing yet is made a journal: a
-                // wrong path must not cost another file its first 8 KiB.
-                let heads = disk.read_at(0, RING_START as usize).await.map_err(|e| err(e.to_string()))?;
-                if heads.iter().any(|&b| b != 0) {
-                    return Err(err(
-                        "it holds something that is not a blizzard backup journal; give a new file or an empty device"
-                            .into(),
-                    ));
-                }
-                tracing::info!(journal = %path, "formatting new backup journal");
-                let j = BackupJournal::format(disk.clone(), id, env.random_u128(), tract_size)
-                    .await
-                    .map_err(|e| err(e.to_string()))?;
-                (j, Scan::default())
-            }
-            Err(e) => return Err(err(e.to_string())),
-        };
-        let ring = journal.ring_len();
-        match store.attach_backup(journal, scan, jc.bypass).await {
-            Ok(r) => {
-                tracing::info!(
-                    journal = %path,
-                    ring_bytes = ring,
-                    bypass = jc.bypass,
-                    replayed_records = r.records,
-                    replayed_bytes = r.bytes,
-                    damaged = r.damaged,
-                    failed = r.failed,
-                    "backup journal attached"
-                );
-                return Ok(());
-            }
-            Err(StoreError::Layout(e)) => return Err(err(e.to_string())),
-            Err(e) => {
-                tracing::warn!(journal = %path, error = %e, "cannot replay the backup journal onto the disk yet; trying again in 1 s");
-                env.sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
 /// Asks the metadata service for the cluster's parameters, waiting for it.
 async fn cluster_params(env: &Env, meta: &MetaService) -> ClusterParams {
     let mut warned = false;
@@ -368,8 +321,12 @@ async fn heartbeat_loop(
         let (slots_total, slots_used) = service.store.usage();
         let rows = service.row_index();
         let (filled, fill) = service.fill.report();
+        // Both areas of the backup journal, as one (`blizzard status`).
         let (journal_used, journal_bytes) =
-            service.store.backup_journal().map_or((0, 0), |j| (j.used(), j.ring_len()));
+            [service.store.backup_journal(), service.store.backup_second_area()]
+                .into_iter()
+                .flatten()
+                .fold((0, 0), |(u, b), j| (u + j.used(), b + j.ring_len()));
         let stored = (rows.assignment.cluster_id != 0).then_some(rows.assignment);
         let heartbeat = |to: &str| {
             Request::Heartbeat(Heartbeat {

@@ -3,7 +3,8 @@
 //! journals on fast storage take random small writes to a 1-way blob (so
 //! each byte lives on one server only), are SIGKILLed while their journals
 //! hold writes the disks were never synced with, restart, replay, and
-//! every acknowledged byte reads back exactly.
+//! every acknowledged byte reads back exactly. Each journal has a second
+//! area, which it must find again at the restart.
 
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)] // a test of real processes in real time
 
@@ -29,6 +30,7 @@ const WRITES: usize = 300;
 fn spawn_hdd_tractserver(dir: &Path, meta: &str, i: usize, metrics: &str) -> Proc {
     let disk = dir.join(format!("ts{i}.disk")).display().to_string();
     let journal = dir.join(format!("ts{i}.journal")).display().to_string();
+    let second = dir.join(format!("ts{i}.journal2")).display().to_string();
     let args: Vec<String> = [
         "tractserver",
         "--disk",
@@ -47,6 +49,12 @@ fn spawn_hdd_tractserver(dir: &Path, meta: &str, i: usize, metrics: &str) -> Pro
         &journal,
         "--journal-size",
         "32MiB",
+        // A second area, named in the journal's head at the first start,
+        // and opened with it after the kill.
+        "--journal-overflow",
+        &second,
+        "--journal-overflow-size",
+        "8MiB",
         // Only a quarter-full journal destages: the kill finds it full of
         // writes the disk has not been synced with.
         "--journal-destage-ms",

@@ -16,9 +16,17 @@
 //! `seq` counts, so a torn head leaves the other):
 //!
 //! ```text
-//!  0 magic "BLZB"   4 version (1)   8 journal id (u128)   24 disk id (u128)
-//! 40 ring length   48 seq   56 position   64 CRC32C of 0..64
+//!  0 magic "BLZB"   4 version (2)   8 journal id (u128)   24 disk id (u128)
+//! 40 ring length   48 seq   56 position   64 second area's journal id (u128, 0: none)
+//! 80 CRC32C of 0..80
 //! ```
+//!
+//! Version 1 heads (no second area; CRC at 64) are still read. A journal
+//! that has a second area (`journal.rs`, "Areas") names it in its head
+//! before that area takes a record, so the journal is never opened
+//! without the area that may hold some of its acknowledged writes. `seq`
+//! is shared by both areas: each area's records grow in `seq` along its
+//! ring, with gaps where the other area took numbers.
 //!
 //! The journal id is random per format; the disk id names the data disk
 //! the journal belongs to, so a journal is never replayed onto another
@@ -80,8 +88,10 @@ pub const RECORD_DATA_MAX: u32 = 1 << 20;
 
 const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"BLZR");
 const HEAD_MAGIC: u32 = u32::from_le_bytes(*b"BLZB");
-const HEAD_VERSION: u32 = 1;
-const HEAD_BODY: usize = 64;
+const HEAD_VERSION: u32 = 2;
+const HEAD_BODY: usize = 80;
+/// Heads before the second area: no field for it, CRC at 64.
+const HEAD_BODY_V1: usize = 64;
 
 const _: () = assert!(RING_START.is_multiple_of(RECORD_ALIGN));
 const _: () = assert!(RECORD_HEADER_LEN <= RECORD_ALIGN);
@@ -278,6 +288,8 @@ pub struct Head {
     pub seq: u64,
     /// Its logical position.
     pub position: u64,
+    /// The journal id of this journal's second area (0: it has none).
+    pub overflow_id: u128,
 }
 
 impl Head {
@@ -290,6 +302,7 @@ impl Head {
         b.extend_from_slice(&self.ring_len.to_le_bytes());
         b.extend_from_slice(&self.seq.to_le_bytes());
         b.extend_from_slice(&self.position.to_le_bytes());
+        b.extend_from_slice(&self.overflow_id.to_le_bytes());
         let crc = crc32c(&b[..HEAD_BODY]);
         b.extend_from_slice(&crc.to_le_bytes());
         b.resize(HEAD_LEN as usize, 0);
@@ -298,11 +311,15 @@ impl Head {
 
     /// The head in one slot, if it is whole and of a version we read.
     pub fn decode(b: &[u8]) -> Option<Head> {
-        if b.len() < HEAD_BODY + 4
-            || u32_at(b, 0) != HEAD_MAGIC
-            || u32_at(b, 4) != HEAD_VERSION
-            || u32_at(b, HEAD_BODY) != crc32c(&b[..HEAD_BODY])
-        {
+        if b.len() < HEAD_BODY + 4 || u32_at(b, 0) != HEAD_MAGIC {
+            return None;
+        }
+        let body = match u32_at(b, 4) {
+            1 => HEAD_BODY_V1,
+            HEAD_VERSION => HEAD_BODY,
+            _ => return None,
+        };
+        if u32_at(b, body) != crc32c(&b[..body]) {
             return None;
         }
         let h = Head {
@@ -311,6 +328,7 @@ impl Head {
             ring_len: u64_at(b, 40),
             seq: u64_at(b, 48),
             position: u64_at(b, 56),
+            overflow_id: if body == HEAD_BODY { u128_at(b, 64) } else { 0 },
         };
         (h.ring_len >= RING_MIN
             && h.ring_len.is_multiple_of(RECORD_ALIGN)
@@ -444,7 +462,8 @@ mod tests {
 
     #[test]
     fn heads_round_trip_and_the_newest_counts() {
-        let h = Head { journal_id: 5, disk_id: 6, ring_len: RING_MIN, seq: 10, position: 4096 };
+        let h =
+            Head { journal_id: 5, disk_id: 6, ring_len: RING_MIN, seq: 10, position: 4096, overflow_id: 0 };
         let b = h.encode();
         assert_eq!(Head::decode(&b), Some(h));
         let mut torn = b.clone();
@@ -454,6 +473,26 @@ mod tests {
         assert_eq!(Head::newest(Some(h), Some(newer)), Some(newer));
         assert_eq!(Head::newest(None, Some(h)), Some(h));
         assert_eq!(Head::newest(Some(h), Some(Head { journal_id: 9, ..newer })), None);
+    }
+
+    /// A head naming a second area keeps it; a version 1 head (written
+    /// before there were second areas) still reads, as naming none.
+    #[test]
+    fn heads_name_their_second_area_and_version_1_still_reads() {
+        let h =
+            Head { journal_id: 5, disk_id: 6, ring_len: RING_MIN, seq: 10, position: 4096, overflow_id: 77 };
+        assert_eq!(Head::decode(&h.encode()), Some(h));
+        let mut v1 = h.encode();
+        v1[4..8].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c(&v1[..HEAD_BODY_V1]);
+        v1[HEAD_BODY_V1..HEAD_BODY_V1 + 4].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Head::decode(&v1), Some(Head { overflow_id: 0, ..h }));
+        // An unknown version is not read, whatever its CRC says.
+        let mut v3 = h.encode();
+        v3[4..8].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32c(&v3[..HEAD_BODY]);
+        v3[HEAD_BODY..HEAD_BODY + 4].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Head::decode(&v3), None);
     }
 
     #[test]

@@ -36,11 +36,27 @@
 //! off the runtime threads, and then land on cached pages.
 //!
 //! The ring does not wait for room: a full journal says so
-//! ([`JournalError::Full`]) and the caller writes to the data disk
-//! directly, which is what Ursa does with writes too large to journal.
+//! ([`JournalError::Full`]) and the caller tries the journal's second
+//! area, if it has one, and then the data disk directly, which is what
+//! Ursa does with writes too large to journal.
+//!
+//! ## Areas
+//!
+//! A journal may have a second area: another `BackupJournal` on another
+//! file or device, which takes records while the first is full
+//! (`store::backup`). The two are one journal:
+//! - They draw `seq`s from one counter ([`BackupJournal::join`]), each
+//!   under its own lock, so each area's records grow in `seq` along its
+//!   ring (the scan's order check holds, with gaps), and merging the two
+//!   scans by `seq` gives the order the store applied the changes in.
+//! - The first area's head names the second ([`BackupJournal::name_second_area`])
+//!   before the second takes a record, so the journal is never opened
+//!   without the area that may hold some of its acknowledged writes.
+//! - A destage releases both areas up to the same `seq`.
 
 use std::collections::BTreeMap;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use blizzard_core::crc::piece_count;
@@ -214,6 +230,9 @@ pub struct BackupJournal {
     disk: Arc<dyn Disk>,
     commit: GroupCommit,
     ring: Mutex<Ring>,
+    /// The next `seq`, shared with the journal's other area if it has one
+    /// (module docs, "Areas"). Drawn only under `ring`'s lock.
+    seqs: Arc<AtomicU64>,
     /// One head write at a time.
     releasing: tokio::sync::Mutex<()>,
     room: Notify,
@@ -239,7 +258,7 @@ impl BackupJournal {
         if ring_len < RING_MIN {
             return Err(JournalError::TooSmall(disk.len()));
         }
-        let head = Head { journal_id, disk_id, ring_len, seq: 0, position: 0 };
+        let head = Head { journal_id, disk_id, ring_len, seq: 0, position: 0, overflow_id: 0 };
         // Both slots: a head of an earlier journal in the other slot must
         // not win against this one.
         disk.write_at(vec![(0, Bytes::from(head.encode())), (HEAD_LEN, Bytes::from(head.encode()))]).await?;
@@ -293,6 +312,7 @@ impl BackupJournal {
             }
             r.next_position = last_end.max(end);
             r.prepared = r.next_position;
+            j.seqs.store(r.next_seq, Ordering::SeqCst);
         }
         Ok((j, scan))
     }
@@ -301,6 +321,7 @@ impl BackupJournal {
         BackupJournal {
             commit: GroupCommit::new(disk.clone()),
             disk,
+            seqs: Arc::new(AtomicU64::new(head.seq)),
             ring: Mutex::new(Ring {
                 head,
                 next_slot,
@@ -344,8 +365,11 @@ impl BackupJournal {
         // crosses the ring's end, and never reaches past the durable head's
         // lap (checked above).
         debug_assert!(at >= r.next_position && at % r.head.ring_len + len <= r.head.ring_len);
-        let seq = r.next_seq;
-        r.next_seq += 1;
+        let seq = self.seqs.fetch_add(1, Ordering::SeqCst);
+        // Invariant: `seq` grows along this area's ring. The areas share
+        // the counter, and each draws from it only under its own lock.
+        assert!(seq >= r.next_seq, "backup journal seq {seq} drawn below {}", r.next_seq);
+        r.next_seq = seq + 1;
         r.next_position = at + len;
         r.live.insert(seq, live(at));
         r.unwritten.insert(seq);
@@ -502,19 +526,20 @@ impl BackupJournal {
     }
 
     /// Every record below `upto` is durable on the data disk: move the head
-    /// past them, durably, and give their space back.
-    pub async fn release(&self, upto: u64) -> Result<(), JournalError> {
+    /// past them, durably, and give their space back. Returns how many
+    /// records it let go of.
+    pub async fn release(&self, upto: u64) -> Result<u64, JournalError> {
         let _one = self.releasing.lock().await;
         let (head, slot) = {
             let r = self.lock();
             if upto <= r.head.seq {
-                return Ok(());
+                return Ok(0);
             }
             // Never past a record whose bytes are still on their way: its
             // space must not be handed out again under it.
             let upto = upto.min(r.next_seq).min(r.unwritten.first().copied().unwrap_or(u64::MAX));
             if upto <= r.head.seq {
-                return Ok(());
+                return Ok(0);
             }
             // The first record still live at or after `upto` is where the
             // head goes; with none, the next free position.
@@ -527,14 +552,54 @@ impl BackupJournal {
         if let Err(e) = self.commit.sync().await {
             return Err(if self.commit.failed() { JournalError::Failed } else { e.into() });
         }
-        {
+        let released = {
             let mut r = self.lock();
             r.head = head;
             r.next_slot = 1 - slot;
+            let before = r.live.len();
             r.live = r.live.split_off(&head.seq);
-        }
+            (before - r.live.len()) as u64
+        };
         self.room.notify_waiters();
+        Ok(released)
+    }
+
+    /// Makes this journal a second area of `first` (module docs, "Areas"):
+    /// from now on both draw `seq`s from one counter, which starts above
+    /// every record either holds.
+    pub fn join(mut self, first: &BackupJournal) -> BackupJournal {
+        first.seqs.fetch_max(self.seqs.load(Ordering::SeqCst), Ordering::SeqCst);
+        self.seqs = first.seqs.clone();
+        self
+    }
+
+    /// Names `id` as this journal's second area in its head, durably, in
+    /// both head slots (a torn write leaves a head naming none, before the
+    /// area took any record). Call before the area takes records.
+    pub async fn name_second_area(&self, id: u128) -> Result<(), JournalError> {
+        let _one = self.releasing.lock().await;
+        let (head, slot) = {
+            let r = self.lock();
+            (Head { overflow_id: id, ..r.head }, r.next_slot)
+        };
+        for s in [slot, 1 - slot] {
+            self.disk.write_at(vec![(s * HEAD_LEN, Bytes::from(head.encode()))]).await?;
+            if let Err(e) = self.commit.sync().await {
+                return Err(if self.commit.failed() { JournalError::Failed } else { e.into() });
+            }
+        }
+        self.lock().head = head;
         Ok(())
+    }
+
+    /// This journal's id (in its head and every record).
+    pub fn id(&self) -> u128 {
+        self.lock().head.journal_id
+    }
+
+    /// The id of the second area its head names (0: none).
+    pub fn second_area(&self) -> u128 {
+        self.lock().head.overflow_id
     }
 
     /// Waits until a release gives space back (a caller that found the
@@ -577,10 +642,11 @@ impl BackupJournal {
         self.lock().live.len()
     }
 
-    /// The `seq` the next record will get: every record below it is
-    /// reserved already.
+    /// The `seq` the next record will get, in this area or the journal's
+    /// other one: every record below it is reserved already, or being
+    /// reserved under its area's lock.
     pub fn next_seq(&self) -> u64 {
-        self.lock().next_seq
+        self.seqs.load(Ordering::SeqCst)
     }
 
     /// The first `seq` not yet released.

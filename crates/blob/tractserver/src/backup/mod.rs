@@ -8,8 +8,12 @@
 //! - `index`: which record holds the newest bytes of any range of a tract
 //!   (pure; replay applies only those).
 //! - `journal`: the ring at run time: group-committed appends, reads of
-//!   records not yet replayed, and the head that gives space back.
+//!   records not yet replayed, and the head that gives space back; a
+//!   journal's second area, taking records while the first is full.
+//! - `attach`: opening (or formatting) the areas at start, and what start
+//!   does with each state of the second one.
 
+pub(crate) mod attach;
 pub mod format;
 pub mod index;
 pub mod journal;

@@ -17,8 +17,13 @@
 //!   before the change is acknowledged: older records' bytes for its range
 //!   are never replayed over it.
 //! - [`Store::destage_backup`] syncs the data disk and only then releases
-//!   the records reserved before the sync started: the journal lets go of
-//!   nothing the data disk might not hold.
+//!   the records reserved before the sync started, in both areas of the
+//!   journal: it lets go of nothing the data disk might not hold.
+//! - A change goes to the journal's first area if it has room, else to its
+//!   second area (if it has one: `backup::journal`, "Areas"), else to the
+//!   data disk directly with a supersede record. Both areas draw from one
+//!   `seq` counter, so the order above holds across them, and replay
+//!   merges their records by `seq`.
 //! - A data record holds whole chunks, as the write left them (a partial
 //!   piece merged with the chunk's other bytes): replaying it never reads
 //!   the data disk's copy of those chunks, which the power loss that made
@@ -54,6 +59,8 @@ use super::*;
 /// A journal attached to a store, and which writes go to it.
 pub(super) struct Backup {
     pub journal: Arc<BackupJournal>,
+    /// The journal's second area, taking records while the first is full.
+    pub second: Option<Arc<BackupJournal>>,
     /// Writes of at most this many bytes are journaled; larger ones go to
     /// the data disk directly (they are sequential enough for it).
     pub threshold: u32,
@@ -88,26 +95,37 @@ pub(super) struct Change<'a> {
 }
 
 impl Store {
-    /// Attaches a backup journal: replays what `scan` found (module docs),
-    /// makes the data disk durable, releases the replayed records, and
-    /// from then on journals every write of at most `threshold` bytes.
-    /// Call once, before serving.
+    /// Attaches a backup journal, and its second area if it has one (the
+    /// caller has [`BackupJournal::join`]ed and named it): replays what the
+    /// scans found (module docs), makes the data disk durable, releases the
+    /// replayed records, and from then on journals every write of at most
+    /// `threshold` bytes. Call once, before serving.
     pub async fn attach_backup(
         &self,
         journal: BackupJournal,
         scan: Scan,
+        second: Option<(BackupJournal, Scan)>,
         threshold: u32,
     ) -> Result<Replayed, StoreError> {
-        if self.planted(PlantedBug::JournalAckBeforeSync) {
-            journal.plant_ack_before_sync();
-        }
+        let (second, scan) = match second {
+            Some((j, s)) => (Some(Arc::new(j)), merge_scans(scan, s)),
+            None => (None, scan),
+        };
         let journal = Arc::new(journal);
+        if self.planted(PlantedBug::JournalAckBeforeSync) {
+            for j in std::iter::once(&journal).chain(&second) {
+                j.plant_ack_before_sync();
+            }
+        }
         let replayed = self.replay_backup(scan).await?;
         self.stats.journal_replayed.store(replayed.records as u64, Ordering::Relaxed);
         self.commit.sync().await.map_err(|_| StoreError::Failed)?;
-        journal.release(journal.next_seq()).await?;
+        let upto = journal.next_seq();
+        for j in std::iter::once(&journal).chain(&second) {
+            j.release(upto).await?;
+        }
         let threshold = threshold.min(crate::backup::format::RECORD_DATA_MAX);
-        if self.backup.set(Backup { journal, threshold }).is_err() {
+        if self.backup.set(Backup { journal, second, threshold }).is_err() {
             return Err(StoreError::Io(io::Error::other("a backup journal is attached already")));
         }
         Ok(replayed)
@@ -196,6 +214,11 @@ impl Store {
         self.backup.get().map(|b| &b.journal)
     }
 
+    /// The journal's second area, if it has one.
+    pub fn backup_second_area(&self) -> Option<&Arc<BackupJournal>> {
+        self.backup.get().and_then(|b| b.second.as_ref())
+    }
+
     /// For a write the journal takes: the whole chunks it leaves, as
     /// written (`first` and `over`: its data-disk writes of chunks
     /// `first_chunk..+n` of `slot`, partial pieces merged), so a record
@@ -274,23 +297,35 @@ impl Store {
         // so its writes take the data disk's own sync like large ones.
         let takes =
             change.len <= b.threshold && !change.whole_tract && Placement::of(change.blob) != Placement::Hdd;
+        let areas = || b.areas();
         if let Some((crcs, data)) = change.write.filter(|_| takes) {
-            match b.journal.reserve_data(&target(change.offset), crcs, data) {
-                Ok(p) => return Ok(Some((p, true))),
-                // Full: the write goes to the data disk, marked below.
-                Err(JournalError::Full) => {}
-                Err(e) => return Err(e.into()),
+            for (i, area) in areas().enumerate() {
+                match area.reserve_data(&target(change.offset), crcs, data) {
+                    Ok(p) => {
+                        if i > 0 {
+                            self.stats.second_area_records.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return Ok(Some((p, true)));
+                    }
+                    // Full: the next area, else the data disk, marked below.
+                    Err(JournalError::Full) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
+            self.stats.journal_full_writes.fetch_add(1, Ordering::Relaxed);
         }
         let (offset, len) =
             if change.whole_tract { (0, self.layout.tract_size) } else { (change.offset, change.len) };
         for attempt in 0..2 {
-            match b.journal.reserve_supersede(&target(offset), len) {
-                Ok(p) => return Ok(Some((p, false))),
-                Err(JournalError::Full) if attempt == 0 => {
-                    self.destage_backup().await?;
+            for area in areas() {
+                match area.reserve_supersede(&target(offset), len) {
+                    Ok(p) => return Ok(Some((p, false))),
+                    Err(JournalError::Full) => {}
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => return Err(e.into()),
+            }
+            if attempt == 0 {
+                self.destage_backup().await?;
             }
         }
         Err(JournalError::Full.into())
@@ -303,7 +338,7 @@ impl Store {
         let Some(b) = self.backup.get() else { return std::future::pending().await };
         loop {
             tokio::select! {
-                _ = b.journal.filling() => {}
+                _ = b.filling() => {}
                 _ = env.sleep(interval) => {}
             }
             if let Err(e) = self.destage_backup().await {
@@ -317,17 +352,48 @@ impl Store {
     /// gives their journal space back. Returns the records released.
     pub async fn destage_backup(&self) -> Result<u64, StoreError> {
         let Some(b) = self.backup.get() else { return Ok(0) };
-        let before = b.journal.head_seq();
-        // Every record below `upto` has its bytes applied already (their
-        // seqs were taken after that, under the slot lock).
-        let upto = b.journal.next_seq();
-        if upto == before {
+        if b.areas().all(|a| a.live_records() == 0) {
             return Ok(0);
         }
+        // Every record below `upto`, in either area, has its bytes applied
+        // already (their seqs were taken after that, under the slot lock).
+        let upto = b.journal.next_seq();
         self.commit.sync().await.map_err(|_| StoreError::Failed)?;
-        b.journal.release(upto).await?;
-        Ok(b.journal.head_seq() - before)
+        let mut released = 0;
+        for a in b.areas() {
+            released += a.release(upto).await?;
+        }
+        Ok(released)
     }
+}
+
+impl Backup {
+    fn areas(&self) -> impl Iterator<Item = &Arc<BackupJournal>> {
+        std::iter::once(&self.journal).chain(&self.second)
+    }
+
+    /// Returns once either area is a quarter full (`BackupJournal::filling`).
+    async fn filling(&self) {
+        match &self.second {
+            Some(s) => tokio::select! {
+                _ = self.journal.filling() => {}
+                _ = s.filling() => {}
+            },
+            None => self.journal.filling().await,
+        }
+    }
+}
+
+/// The records of a journal's two areas as one scan, in `seq` order (each
+/// area's scan is in `seq` order already; `backup::journal`, "Areas").
+fn merge_scans(a: Scan, b: Scan) -> Scan {
+    let mut records = a.records;
+    records.extend(b.records);
+    records.sort_by_key(|r| r.seq);
+    let mut damaged = a.damaged;
+    damaged.extend(b.damaged);
+    damaged.sort_by_key(|d| d.0);
+    Scan { records, damaged }
 }
 
 #[cfg(test)]

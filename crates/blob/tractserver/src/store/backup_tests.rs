@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::*;
+use crate::server::JournalConfig;
 
 const TRACT: u32 = 64 << 10;
 const TRACTS: i64 = 4;
@@ -97,39 +98,48 @@ struct Rig {
     dir: tempfile::TempDir,
     data: Arc<PowerLossDisk>,
     store: Store,
-}
-
-async fn journal_disk(dir: &tempfile::TempDir, len: u64) -> std::io::Result<Arc<dyn Disk>> {
-    Env::real().open_disk(&dir.path().join("journal"), Some(len)).await
+    /// The journal's files, as a tractserver is given them.
+    jc: JournalConfig,
 }
 
 async fn rig(bypass: u32) -> Result<Rig, StoreError> {
-    rig_with(bypass, 4 << 20).await
+    rig_with(bypass, 4 << 20, None).await
 }
 
-/// A store with a journal of `journal_len` bytes (ring and heads).
-async fn rig_with(bypass: u32, journal_len: u64) -> Result<Rig, StoreError> {
+/// A store with a journal of `journal_len` bytes (ring and heads), and a
+/// second area of `second_len` bytes if given, attached as a tractserver
+/// attaches them (`backup::attach`).
+async fn rig_with(bypass: u32, journal_len: u64, second_len: Option<u64>) -> Result<Rig, StoreError> {
     let dir = tempfile::tempdir()?;
     let inner = Env::real().open_disk(&dir.path().join("disk"), Some(16 << 20)).await?;
     let data = Arc::new(PowerLossDisk { inner, unsynced: StdMutex::new(Vec::new()), full: 0.into() });
     let store = Store::format(data.clone(), TsId(7), TRACT, &blizzard_env::RealClock).await?;
     store.sync().await?;
-    let j = BackupJournal::format(journal_disk(&dir, journal_len).await?, 7, 99, TRACT).await?;
-    store.attach_backup(j, Scan::default(), bypass).await?;
-    Ok(Rig { dir, data, store })
+    let mut jc = JournalConfig::new(dir.path().join("journal"));
+    jc.create_size = Some(journal_len);
+    jc.bypass = bypass;
+    jc.second_area = second_len.map(|_| dir.path().join("second"));
+    jc.second_area_size = second_len;
+    attach(&store, &jc).await?;
+    Ok(Rig { dir, data, store, jc })
+}
+
+async fn attach(store: &Store, jc: &JournalConfig) -> Result<Replayed, StoreError> {
+    crate::backup::attach::attach_journal(&Env::real(), store, jc)
+        .await
+        .map_err(|e| StoreError::Io(std::io::Error::other(e.to_string())))
 }
 
 /// After a power loss: the data disk as it was left, and the journal.
 async fn restart(r: Rig, keep: impl FnMut() -> bool) -> Result<(Rig, Replayed), StoreError> {
-    let Rig { dir, data, store } = r;
+    let Rig { dir, data, store, jc } = r;
     drop(store);
     data.lose_power(keep).await?;
     let inner = data.inner.clone();
     let data = Arc::new(PowerLossDisk { inner, unsynced: StdMutex::new(Vec::new()), full: 0.into() });
     let store = Store::open(data.clone()).await?;
-    let (j, scan) = BackupJournal::open(journal_disk(&dir, 4 << 20).await?, 7, TRACT).await?;
-    let replayed = store.attach_backup(j, scan, 16 << 10).await?;
-    Ok((Rig { dir, data, store }, replayed))
+    let replayed = attach(&store, &jc).await?;
+    Ok((Rig { dir, data, store, jc }, replayed))
 }
 
 fn pattern(seed: u64, len: usize) -> Bytes {
@@ -188,84 +198,175 @@ async fn small_writes_are_acknowledged_by_the_journal_alone() -> Result<(), Stor
     Ok(())
 }
 
+/// The journal a power-loss case runs with, and how it is driven.
+#[derive(Clone, Copy)]
+struct Shape {
+    journal_len: u64,
+    second_len: Option<u64>,
+    /// Operations: `ops.0 + rand % ops.1`.
+    ops: (u64, u64),
+    /// One in this many destage turns destages (the others do nothing).
+    destage_one_in: u64,
+}
+
+fn seeds(default: u64) -> u64 {
+    std::env::var("BACKUP_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// Random small and large writes, trims and deletes over a few tracts,
 /// destaged now and then; then a power loss that keeps a random part of
 /// what the data disk had not synced. After replay every tract reads
 /// exactly as acknowledged. Many seeds, each a different crash.
 #[tokio::test]
 async fn a_power_loss_of_the_data_disk_loses_no_acknowledged_write() -> Result<(), StoreError> {
-    for seed in 0..(std::env::var("BACKUP_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(40u64)) {
-        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
-        let r = rig(16 << 10).await?;
-        let mut model = vec![vec![0u8; TRACT as usize]; TRACTS as usize];
-        let ops = 30 + next() % 40;
-        for op in 0..ops {
-            // Now and then the data disk is out of space for this change:
-            // it fails (storing a prefix), then is tried again with room,
-            // as a client retries until acknowledged.
-            if next() % 4 == 0 {
-                r.data.full.store(1 + next() % 1000, std::sync::atomic::Ordering::SeqCst);
+    let shape = Shape { journal_len: 4 << 20, second_len: None, ops: (30, 40), destage_one_in: 1 };
+    for seed in 0..seeds(40) {
+        power_loss_case(seed, shape).await?;
+    }
+    Ok(())
+}
+
+/// The same with a small journal and a second area, destaged rarely: the
+/// first area fills, the second takes records (overwriting ranges the
+/// first holds), both fill and writes go to the data disk directly. Replay
+/// merges both areas by `seq`, and every tract reads as acknowledged.
+#[tokio::test]
+async fn a_power_loss_with_a_second_area_loses_no_acknowledged_write() -> Result<(), StoreError> {
+    use crate::backup::format::{RING_MIN, RING_START};
+    let shape = Shape {
+        journal_len: RING_START + RING_MIN,
+        second_len: Some(RING_START + RING_MIN),
+        ops: (600, 200),
+        destage_one_in: 40,
+    };
+    let (mut second, mut full) = (0, 0);
+    for seed in 0..seeds(12) {
+        let st = power_loss_case(1000 + seed, shape).await?;
+        second += st.0;
+        full += st.1;
+    }
+    // The case did what it is for.
+    assert!(second > 100 && full > 10, "second-area records {second}, writes with both areas full {full}");
+    Ok(())
+}
+
+/// One seed of the power-loss cases. Returns the records the second area
+/// took and the small writes that found every area full.
+async fn power_loss_case(seed: u64, shape: Shape) -> Result<(u64, u64), StoreError> {
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let r = rig_with(16 << 10, shape.journal_len, shape.second_len).await?;
+    let mut model = vec![vec![0u8; TRACT as usize]; TRACTS as usize];
+    let ops = shape.ops.0 + next() % shape.ops.1;
+    for op in 0..ops {
+        // Now and then the data disk is out of space for this change:
+        // it fails (storing a prefix), then is tried again with room,
+        // as a client retries until acknowledged.
+        if next() % 4 == 0 {
+            r.data.full.store(1 + next() % 1000, std::sync::atomic::Ordering::SeqCst);
+        }
+        let tract = (next() % TRACTS as u64) as i64;
+        let m = &mut model[tract as usize];
+        match next() % 10 {
+            // Small writes, 4 KiB aligned or not.
+            0..=5 => {
+                let len = if next() % 3 == 0 { 1 + next() % 8000 } else { 4096 * (1 + next() % 4) } as u32;
+                let off = (next() % (TRACT - len) as u64) as u32;
+                let off = if next() % 3 == 0 { off } else { off / 4096 * 4096 };
+                let d = pattern(seed * 1000 + op, len as usize);
+                retry(&r, || put(&r.store, tract, off, &d)).await?;
+                m[off as usize..(off + len) as usize].copy_from_slice(&d);
             }
-            let tract = (next() % TRACTS as u64) as i64;
-            let m = &mut model[tract as usize];
-            match next() % 10 {
-                // Small writes, 4 KiB aligned or not.
-                0..=5 => {
-                    let len =
-                        if next() % 3 == 0 { 1 + next() % 8000 } else { 4096 * (1 + next() % 4) } as u32;
-                    let off = (next() % (TRACT - len) as u64) as u32;
-                    let off = if next() % 3 == 0 { off } else { off / 4096 * 4096 };
-                    let d = pattern(seed * 1000 + op, len as usize);
-                    retry(&r, || put(&r.store, tract, off, &d)).await?;
-                    m[off as usize..(off + len) as usize].copy_from_slice(&d);
-                }
-                // A large write: straight to the data disk.
-                6 => {
-                    let len = (16 << 10) + 4096 * (next() % 8) as u32;
-                    let off = (next() % (TRACT - len) as u64) as u32 / 4096 * 4096;
-                    let d = pattern(seed * 1000 + op, len as usize);
-                    retry(&r, || put(&r.store, tract, off, &d)).await?;
-                    m[off as usize..(off + len) as usize].copy_from_slice(&d);
-                }
-                7 => {
-                    let off = (next() % TRACT as u64) as u32;
-                    let len = (next() % (TRACT - off) as u64) as u32;
-                    retry(&r, || r.store.trim(BlobId(1), 1, TractNo(tract), off, len, ALWAYS)).await?;
-                    m[off as usize..(off + len) as usize].fill(0);
-                }
-                8 => {
-                    retry(&r, || async { r.store.delete(BlobId(1), 1, TractNo(tract)).await.map(|_| ()) })
-                        .await?;
-                    m.fill(0);
-                }
-                _ => {
+            // A large write: straight to the data disk.
+            6 => {
+                let len = (16 << 10) + 4096 * (next() % 8) as u32;
+                let off = (next() % (TRACT - len) as u64) as u32 / 4096 * 4096;
+                let d = pattern(seed * 1000 + op, len as usize);
+                retry(&r, || put(&r.store, tract, off, &d)).await?;
+                m[off as usize..(off + len) as usize].copy_from_slice(&d);
+            }
+            7 => {
+                let off = (next() % TRACT as u64) as u32;
+                let len = (next() % (TRACT - off) as u64) as u32;
+                retry(&r, || r.store.trim(BlobId(1), 1, TractNo(tract), off, len, ALWAYS)).await?;
+                m[off as usize..(off + len) as usize].fill(0);
+            }
+            8 => {
+                retry(&r, || async { r.store.delete(BlobId(1), 1, TractNo(tract)).await.map(|_| ()) })
+                    .await?;
+                m.fill(0);
+            }
+            _ => {
+                if next() % shape.destage_one_in == 0 {
                     retry(&r, || async { r.store.destage_backup().await.map(|_| ()) }).await?;
                 }
             }
-            r.data.full.store(0, std::sync::atomic::Ordering::SeqCst);
         }
-        let (r, replayed) = restart(r, || next() % 2 == 0).await?;
-        for t in 0..TRACTS {
-            let got = get(&r.store, t).await?;
-            assert!(got == model[t as usize], "seed {seed}: tract {t} differs after replay ({replayed:?})");
-        }
-        assert_eq!(replayed.failed, 0, "seed {seed}");
-        // Replayed, synced and released: a second restart finds nothing.
-        let (r, again) = restart(r, || false).await?;
-        assert_eq!(again.records, 0, "seed {seed}");
-        for t in 0..TRACTS {
-            assert!(
-                get(&r.store, t).await? == model[t as usize],
-                "seed {seed}: tract {t} after a second restart"
-            );
+        r.data.full.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+    let st = &r.store.stats;
+    let took =
+        (st.second_area_records.load(Ordering::Relaxed), st.journal_full_writes.load(Ordering::Relaxed));
+    let (r, replayed) = restart(r, || next() % 2 == 0).await?;
+    for t in 0..TRACTS {
+        let got = get(&r.store, t).await?;
+        assert!(got == model[t as usize], "seed {seed}: tract {t} differs after replay ({replayed:?})");
+    }
+    assert_eq!(replayed.failed, 0, "seed {seed}");
+    // Replayed, synced and released: a second restart finds nothing.
+    let (r, again) = restart(r, || false).await?;
+    assert_eq!(again.records, 0, "seed {seed}");
+    for t in 0..TRACTS {
+        assert!(
+            get(&r.store, t).await? == model[t as usize],
+            "seed {seed}: tract {t} after a second restart"
+        );
+    }
+    Ok(took)
+}
+
+/// A journal whose second area holds acknowledged writes is never opened
+/// without it, nor with another file in its place: start refuses, saying
+/// which path to give. With the right one, both areas are replayed after
+/// a power loss that kept nothing of what the data disk had not synced.
+#[tokio::test]
+async fn a_journal_is_never_opened_without_its_second_area() -> Result<(), StoreError> {
+    use crate::backup::format::{RING_MIN, RING_START};
+    let r = rig_with(16 << 10, RING_START + RING_MIN, Some(RING_START + RING_MIN)).await?;
+    let mut model = vec![0u8; TRACT as usize];
+    let mut i = 0u64;
+    while r.store.stats.second_area_records.load(Ordering::Relaxed) < 20 {
+        let off = (i % 16) as u32 * 4096;
+        let d = pattern(i, 4096);
+        put(&r.store, 0, off, &d).await?;
+        model[off as usize..off as usize + 4096].copy_from_slice(&d);
+        i += 1;
+        assert!(i < 1000, "the second area never took a record");
+    }
+    let Rig { dir, data, store, jc } = r;
+    drop(store);
+    data.lose_power(|| false).await?;
+    let data = Arc::new(PowerLossDisk {
+        inner: data.inner.clone(),
+        unsynced: StdMutex::new(Vec::new()),
+        full: 0.into(),
+    });
+    let store = Store::open(data.clone()).await?;
+    for (second, why) in [(None, "no second area"), (Some(dir.path().join("other")), "a new file")] {
+        let wrong = JournalConfig { second_area: second, ..jc.clone() };
+        match attach(&store, &wrong).await {
+            Err(e) => assert!(e.to_string().contains("--journal-overflow"), "{why}: {e}"),
+            Ok(r) => panic!("{why}: attached ({r:?})"),
         }
     }
+    let replayed = attach(&store, &jc).await?;
+    assert!(replayed.records >= 20, "{replayed:?}");
+    assert!(get(&store, 0).await? == model, "tract 0 differs after replaying both areas");
     Ok(())
 }
 
@@ -275,7 +376,7 @@ async fn a_power_loss_of_the_data_disk_loses_no_acknowledged_write() -> Result<(
 #[tokio::test]
 async fn a_full_journal_sends_writes_to_the_disk_and_loses_nothing() -> Result<(), StoreError> {
     use crate::backup::format::{RING_MIN, RING_START};
-    let r = rig_with(16 << 10, RING_START + RING_MIN).await?;
+    let r = rig_with(16 << 10, RING_START + RING_MIN, None).await?;
     let mut model = vec![vec![0u8; TRACT as usize]; TRACTS as usize];
     // 512 writes of 4 KiB, 8 at a time (never two on the same bytes at
     // once), with no destage: about 2.4 MiB of records for a 1 MiB ring.
@@ -323,7 +424,7 @@ async fn a_full_journal_sends_writes_to_the_disk_and_loses_nothing() -> Result<(
 async fn without_replay_a_power_loss_loses_journaled_writes() -> Result<(), StoreError> {
     let r = rig(16 << 10).await?;
     put(&r.store, 0, 0, &pattern(1, 4096)).await?;
-    let Rig { dir: _dir, data, store } = r;
+    let Rig { dir: _dir, data, store, .. } = r;
     drop(store);
     data.lose_power(|| false).await?;
     let s = Store::open(data.inner.clone()).await?;

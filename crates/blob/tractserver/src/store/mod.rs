@@ -123,6 +123,11 @@ pub struct StoreStats {
     /// it replayed onto the data disk when attached.
     pub journaled_writes: AtomicU64,
     pub journal_replayed: AtomicU64,
+    /// Records the backup journal's second area took, the first being full.
+    pub second_area_records: AtomicU64,
+    /// Small writes that went to the data disk directly because every area
+    /// of the backup journal was full.
+    pub journal_full_writes: AtomicU64,
 }
 
 struct SlotState {
