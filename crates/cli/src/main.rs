@@ -10,7 +10,6 @@ use bytes::Bytes;
 use clap::{Parser, Subcommand};
 
 use blizzard_client::{Client, ClientConfig};
-use blizzard_cluster::Cluster;
 use blizzard_core::units::{format_size, parse_size};
 use blizzard_env::Env;
 use blizzard_metaserver::replica::GroupConfig;
@@ -21,6 +20,7 @@ use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug};
 mod kv;
 mod nbd_cmd;
 mod tractserver_cmd;
+mod up_backing;
 mod up_cmd;
 mod volume_cmd;
 
@@ -480,14 +480,14 @@ async fn open_waiting(
 /// Waits for Ctrl-C or SIGTERM.
 /// Logs how far the background zero-fill of new disk files has got, every
 /// few seconds until it is done (nothing when no disk is new).
-async fn report_zero_fill(env: &Env, cluster: &Cluster) {
-    let total = cluster.disks_preparing_left();
+async fn report_zero_fill(env: &Env, backing: &up_backing::UpBacking) {
+    let total = backing.disks_preparing_left().await;
     if total == 0 {
         return;
     }
     loop {
         env.sleep(Duration::from_secs(5)).await;
-        let left = cluster.disks_preparing_left();
+        let left = backing.disks_preparing_left().await;
         if left == 0 {
             tracing::info!("new disks zero-filled");
             return;

@@ -160,20 +160,20 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
 }
 
 /// Where `blizzard nbd` in process `pid` waits for a successor by default.
-fn default_upgrade_socket(pid: u32) -> PathBuf {
+pub(crate) fn default_upgrade_socket(pid: u32) -> PathBuf {
     let dir = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
     blizzard_nbd::upgrade::socket_path(&dir, pid)
 }
 
 /// `--upgrade-from`'s hand-over socket: a process id's default socket, or
 /// a path.
-fn upgrade_socket_of(old: &str) -> Result<PathBuf> {
+pub(crate) fn upgrade_socket_of(old: &str) -> Result<PathBuf> {
     match old.parse::<u32>() {
         Ok(pid) => {
             let path = default_upgrade_socket(pid);
             if !path.exists() {
                 bail!(
-                    "no hand-over socket {} for process {pid}: is it a `blizzard nbd` of this binary's version, \
+                    "no hand-over socket {} for process {pid}: is it a `blizzard nbd` or `blizzard up` of this binary's version, \
                      started with the same XDG_RUNTIME_DIR (else pass its --upgrade-socket PATH)?",
                     path.display()
                 );
@@ -189,7 +189,7 @@ fn upgrade_socket_of(old: &str) -> Result<PathBuf> {
 /// hand-over socket `own`; its output goes where ours goes. Returns its
 /// process id; a successor that exits on its own (it failed: this server
 /// serves on) is reported.
-fn start_successor(exe: &std::path::Path, own: &std::path::Path) -> Result<u32> {
+pub(crate) fn start_successor(exe: &std::path::Path, own: &std::path::Path) -> Result<u32> {
     let mut args: Vec<std::ffi::OsString> = Vec::new();
     let mut skip = false;
     for a in std::env::args_os().skip(1) {

@@ -1,16 +1,23 @@
 //! `blizzard up`: a whole cluster in this process (a metadata service,
 //! tractservers over in-memory pipes) and an NBD server exporting a
-//! default volume, created on first start.
+//! default volume, created on first start. It hands its NBD listener and
+//! connections, and its data directory, to a successor for an online
+//! upgrade (`up_backing`).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use blizzard_cluster::{Cluster, ClusterConfig};
+use blizzard_cluster::ClusterConfig;
 use blizzard_env::Env;
+use blizzard_nbd::upgrade::Backing;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, S3Spec, VolumeSpec};
 
+use crate::nbd_cmd::{default_upgrade_socket, start_successor, upgrade_socket_of};
+use crate::up_backing::UpBacking;
 use crate::volume_cmd::{cache_dir, print_volume, remove_empty_dir};
 use crate::{
     mode, open_waiting, planted, policy, print_connect, print_status, report_zero_fill, self_check, size,
@@ -121,6 +128,23 @@ pub(crate) struct UpArgs {
     /// --plant`), so a real-process test can show its check fails.
     #[arg(long, hide = true, default_value = "none", value_parser = planted)]
     plant: PlantedBug,
+    /// Online upgrade: take over from the `blizzard up` running as
+    /// process PID (or listening for successors on the hand-over socket
+    /// PATH) on the same data directory. It answers what is in flight,
+    /// flushes and releases its volumes, stops its servers and hands over
+    /// the NBD listener and every live connection; this process starts
+    /// the servers again and serves them, so clients keep their disks. If
+    /// anything fails the old process starts its servers again and serves
+    /// on. Takes the old process's settings from the data directory: the
+    /// other flags must match the ones it was started with.
+    #[arg(long, value_name = "PID|PATH")]
+    upgrade_from: Option<String>,
+    /// Where this process waits for a successor (`--upgrade-from`);
+    /// default `$XDG_RUNTIME_DIR/blizzard-nbd-PID.upgrade`. SIGUSR2 starts
+    /// the successor itself: this binary as it is on disk now, with the
+    /// same arguments.
+    #[arg(long, value_name = "PATH")]
+    upgrade_socket: Option<PathBuf>,
 }
 
 pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
@@ -148,6 +172,8 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
         cache_size,
         metrics,
         plant,
+        upgrade_from,
+        upgrade_socket,
     } = args;
     let mut cfg = ClusterConfig::new(&data);
     cfg.tractservers = tractservers;
@@ -173,38 +199,153 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
     // in the data directory (cheaper than TCP loopback).
     cfg.unix_sockets = true;
     let env = env.with_local_net();
-    let cluster = Cluster::start(env.clone(), cfg)
-        .await
-        .with_context(|| format!("starting the embedded cluster in {}", data.display()))?;
-    let client = cluster.client().await?;
-    self_check(&client).await.context("self-check of the blob store failed")?;
-    let vol = match open_waiting(&env, &client, &volume, plant).await {
+    // The binary's path as started: after an upgrade replaced the file,
+    // it names the new binary, which SIGUSR2 starts.
+    let exe = std::env::current_exe().context("finding this binary's path")?;
+    let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
+    let backing = UpBacking::new(env.clone(), cfg, open_mode);
+    let nbd_cfg = blizzard_nbd::NbdConfig {
+        default_export: Some(volume.clone()),
+        metrics_listen: metrics,
+        ..Default::default()
+    };
+    let mut server = match &upgrade_from {
+        // Online upgrade: the old process stops its cluster once its
+        // volumes are released; this one starts it on the same directory
+        // and takes the NBD listener and connections
+        // (`blizzard_nbd::upgrade`, "A server that owns its storage").
+        Some(old) => {
+            let path = upgrade_socket_of(old)?;
+            let b: Arc<dyn Backing> = backing.clone();
+            let server = blizzard_nbd::Server::upgrade_from_backing(
+                env.clone(),
+                backing.exports(),
+                &path,
+                nbd_cfg,
+                Some(b),
+            )
+            .await
+            .with_context(|| format!("taking over from the blizzard up at {}", path.display()))?;
+            let client = backing.client().await?;
+            print_status(&client.cluster_status().await?);
+            println!();
+            println!("took over from process {old}: serving its connections");
+            server
+        }
+        None => {
+            backing.start_waiting(Duration::ZERO).await?;
+            let client = backing.client().await?;
+            let server = serve_default_volume(
+                &env,
+                &backing,
+                &client,
+                &listen,
+                nbd_cfg,
+                &volume,
+                {
+                    let mut spec = VolumeSpec::new(volume.clone(), size);
+                    spec.mode = mode;
+                    spec.flush = flush;
+                    spec.replication = replication;
+                    spec.placement = placement;
+                    spec.block_size = match (block_size, mode) {
+                        (Some(b), _) => Some(u32::try_from(b).unwrap_or(u32::MAX)),
+                        // A log volume rewrites whole blocks under small
+                        // writes (read-before-write, §2.5.3): keep its usual
+                        // unit.
+                        (None, CommitMode::Log) => None,
+                        (None, _) if tract_size >= u64::from(UP_BLOCK_SIZE) => Some(UP_BLOCK_SIZE),
+                        (None, _) => None,
+                    };
+                    spec
+                },
+                s3.map(|url| (url, cache_size)),
+                plant,
+            )
+            .await?;
+            server
+        }
+    };
+    println!("  status:       blizzard status --meta {}", backing.meta_addr().await);
+    println!("  data in:      {}", backing.data_dir().display());
+    let own = upgrade_socket.unwrap_or_else(|| default_upgrade_socket(std::process::id()));
+    let b: Arc<dyn Backing> = backing.clone();
+    if let Err(e) = server.listen_for_upgrades_backing(&own, Some(b)) {
+        let _ = server.shutdown().await;
+        backing.stop_cluster().await;
+        return Err(e).context("listening for a successor (online upgrade); choose --upgrade-socket");
+    }
+    println!(
+        "  upgrade:      kill -USR2 {}   (or start the new binary with --upgrade-from {})",
+        std::process::id(),
+        std::process::id()
+    );
+    if !check {
+        println!("Ctrl-C (or SIGTERM) stops it cleanly.");
+        let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+            .context("installing the SIGUSR2 handler")?;
+        let stop = wait_for_stop_signal();
+        tokio::pin!(stop);
+        let zero_fill = report_zero_fill(&env, &backing);
+        tokio::pin!(zero_fill);
+        let mut zero_filled = false;
+        loop {
+            tokio::select! {
+                r = &mut stop => {
+                    r?;
+                    println!("stopping: finishing in-flight requests and flushing volumes");
+                    break;
+                }
+                () = &mut zero_fill, if !zero_filled => zero_filled = true,
+                _ = usr2.recv() => match start_successor(&exe, &own) {
+                    Ok(pid) => tracing::info!(pid, "SIGUSR2: started process {pid} to take over"),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGUSR2: cannot start a successor; serving on"),
+                },
+                () = server.handed_over() => {
+                    // The volumes and the cluster went with it.
+                    println!("handed over to a new process: exiting");
+                    break;
+                }
+            }
+        }
+    }
+    let flushed = server.shutdown().await;
+    backing.stop_cluster().await;
+    flushed.context("flushing volumes at shutdown")?;
+    Ok(())
+}
+
+/// A first start's NBD server: checks the blob store, creates the default
+/// volume if it does not exist (an S3 one if `s3` gives its URL and cache
+/// size), and serves it.
+#[allow(clippy::too_many_arguments)]
+async fn serve_default_volume(
+    env: &Env,
+    backing: &UpBacking,
+    client: &blizzard_client::Client,
+    listen: &str,
+    nbd_cfg: blizzard_nbd::NbdConfig,
+    volume: &str,
+    spec: VolumeSpec,
+    s3: Option<(String, u64)>,
+    plant: PlantedBug,
+) -> Result<blizzard_nbd::Server> {
+    self_check(client).await.context("self-check of the blob store failed")?;
+    let (mode, flush, size) = (spec.mode, spec.flush, spec.size_bytes);
+    let asked_s3 = s3.is_some();
+    let vol = match open_waiting(env, client, volume, plant).await {
         Ok(v) => v,
         Err(blizzard_volume::VolumeError::NotFound(_)) => {
-            let mut spec = VolumeSpec::new(volume.clone(), size);
-            spec.mode = mode;
-            spec.flush = flush;
-            spec.replication = replication;
-            spec.placement = placement;
-            spec.block_size = match (block_size, mode) {
-                (Some(b), _) => Some(u32::try_from(b).unwrap_or(u32::MAX)),
-                // A log volume rewrites whole blocks under small
-                // writes (read-before-write, §2.5.3): keep its
-                // usual unit.
-                (None, CommitMode::Log) => None,
-                (None, _) if tract_size >= u64::from(UP_BLOCK_SIZE) => Some(UP_BLOCK_SIZE),
-                (None, _) => None,
-            };
             let mut made_dir = None;
             let made = match &s3 {
-                Some(url) => {
-                    let (dir, made) = cache_dir(&data.join("lsvd-cache").join(&volume))?;
+                Some((url, cache_size)) => {
+                    let (dir, made) = cache_dir(&backing.data_dir().join("lsvd-cache").join(volume))?;
                     made_dir = made.then_some(dir.clone());
                     let mut s = S3Spec::new(url.clone(), dir);
-                    s.cache_bytes = cache_size;
-                    manage::create_s3(env.clone(), &client, &spec, &s).await
+                    s.cache_bytes = *cache_size;
+                    manage::create_s3(env.clone(), client, &spec, &s).await
                 }
-                None => manage::create(env.clone(), &client, &spec).await,
+                None => manage::create(env.clone(), client, &spec).await,
             };
             match made {
                 Ok(v) => v,
@@ -219,15 +360,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
     let sb = vol.superblock().clone();
     // The NBD server opens it again, once, for all its connections.
     vol.close().await?;
-    let asked_s3 = s3.is_some();
-    let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
-    let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client.clone(), open_mode);
-    let nbd_cfg = blizzard_nbd::NbdConfig {
-        default_export: Some(volume.clone()),
-        metrics_listen: metrics,
-        ..Default::default()
-    };
-    let server = blizzard_nbd::Server::start(env.clone(), exports, &listen, nbd_cfg)
+    let server = blizzard_nbd::Server::start(env.clone(), backing.exports(), listen, nbd_cfg)
         .await
         .with_context(|| format!("starting the NBD server on {listen}; is another server using it?"))?;
     print_status(&client.cluster_status().await?);
@@ -240,21 +373,6 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
         );
     }
     println!();
-    print_connect(server.local_addr(), &volume);
-    println!("  status:       blizzard status --meta {}", cluster.meta_addr);
-    println!("  data in:      {}", data.display());
-    if !check {
-        println!("Ctrl-C (or SIGTERM) stops it cleanly.");
-        let stop = wait_for_stop_signal();
-        tokio::pin!(stop);
-        tokio::select! {
-            r = &mut stop => r?,
-            () = report_zero_fill(&env, &cluster) => stop.await?,
-        }
-        println!("stopping: finishing in-flight requests and flushing volumes");
-    }
-    let flushed = server.shutdown().await;
-    cluster.stop().await;
-    flushed.context("flushing volumes at shutdown")?;
-    Ok(())
+    print_connect(server.local_addr(), volume);
+    Ok(server)
 }

@@ -180,10 +180,21 @@ impl Server {
     /// [`crate::upgrade`]): a process started with `--upgrade-from` that
     /// connects there takes over the listener and every connection.
     pub fn listen_for_upgrades(&mut self, path: &std::path::Path) -> Result<(), NbdError> {
+        self.listen_for_upgrades_backing(path, None)
+    }
+
+    /// [`Server::listen_for_upgrades`] for a server that runs the storage
+    /// its volumes live on (`backing`, see [`crate::upgrade::Backing`]): a
+    /// hand-over stops it before the successor starts its own.
+    pub fn listen_for_upgrades_backing(
+        &mut self,
+        path: &std::path::Path,
+        backing: Option<Arc<dyn upgrade::Backing>>,
+    ) -> Result<(), NbdError> {
         let l = blizzard_env::HandoverListener::bind(path)
             .map_err(|source| NbdError::Bind { addr: path.display().to_string(), source })?;
         info!(socket = %path.display(), "hand-over socket ready: a successor started with --upgrade-from takes over here");
-        let task = upgrade::serve_upgrades(l, self.shared.clone(), self.quiesce.clone());
+        let task = upgrade::serve_upgrades(l, self.shared.clone(), self.quiesce.clone(), backing);
         self.upgrades = Some(tokio::spawn(task));
         Ok(())
     }

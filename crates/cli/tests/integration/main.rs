@@ -18,3 +18,4 @@ mod nbd_upgrade;
 mod partition;
 mod replica_agreement;
 mod up_shutdown;
+mod up_upgrade;

@@ -39,9 +39,9 @@ use common::{blizzard, free_port, meta_args, Proc, Procs};
 
 const TRACTSERVERS: usize = 3;
 const REPLICATION: u8 = 2;
-const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 /// Each fio job's region; the volume holds both.
-const REGION: u64 = 16 * MIB;
+pub(crate) const REGION: u64 = 16 * MIB;
 const BLOCK: u64 = 4096;
 /// Each job's write rate: its pass over its region takes 32 s (and fio
 /// then reads it all back), far longer than the schedule below.
@@ -162,7 +162,7 @@ async fn fio_verify_survives_two_online_upgrades() {
 /// fio's nbd engine: two jobs (two connections), each writing its own
 /// region at `RATE` in 4 KiB blocks at random offsets (each block once),
 /// checking every write within 16 more and all of them at the end.
-fn start_fio(dir: &Path, uri: &str) -> Proc {
+pub(crate) fn start_fio(dir: &Path, uri: &str) -> Proc {
     let seed = blizzard_env::Env::real().random_u64() >> 16;
     println!("fio seeds from {seed}");
     let args: Vec<String> = vec![
@@ -196,7 +196,7 @@ fn start_fio(dir: &Path, uri: &str) -> Proc {
 }
 
 /// fio's terse (version 3) line: (error, KiB read, KiB written).
-fn terse(out: &str) -> (u64, u64, u64) {
+pub(crate) fn terse(out: &str) -> (u64, u64, u64) {
     let line = out.lines().find(|l| l.starts_with("3;")).unwrap_or_else(|| panic!("no terse line:\n{out}"));
     let f: Vec<&str> = line.trim().split(';').collect();
     assert!(f.len() > 46, "a short terse line:\n{out}");
@@ -206,7 +206,7 @@ fn terse(out: &str) -> (u64, u64, u64) {
 
 /// The process id of the successor whose hand-over failed, from the old
 /// server's log.
-fn failed_pid(log: &str) -> u32 {
+pub(crate) fn failed_pid(log: &str) -> u32 {
     let log = common::strip_ansi(log);
     let rest =
         log.split("hand-over to process ").nth(1).unwrap_or_else(|| panic!("no failed hand-over:\n{log}"));
@@ -214,7 +214,7 @@ fn failed_pid(log: &str) -> u32 {
 }
 
 /// The process id a SIGUSR2'd server logged for its successor.
-fn successor_pid(log: &str) -> u32 {
+pub(crate) fn successor_pid(log: &str) -> u32 {
     let line = common::strip_ansi(
         log.lines()
             .find(|l| l.contains("SIGUSR2: started process"))
@@ -226,7 +226,7 @@ fn successor_pid(log: &str) -> u32 {
 
 /// Waits until `p`'s log (it may have exited: a successor writes there
 /// too) holds `needle`, and returns the log.
-fn wait_text(p: &Proc, needle: &str) -> String {
+pub(crate) fn wait_text(p: &Proc, needle: &str) -> String {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         let text = p.log_text();
@@ -244,14 +244,14 @@ fn wait_text(p: &Proc, needle: &str) -> String {
 }
 
 /// `kill -SIG pid` (no crate here sends signals).
-fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let ok = Command::new("sh").args(["-c", &format!("kill -{sig} {pid}")]).status().unwrap().success();
     assert!(ok, "kill -{sig} {pid} failed");
 }
 
 /// Whether process `pid` runs (not a zombie: the successor is not our
 /// child, so init reaps it).
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
         .unwrap_or(false)
@@ -259,7 +259,7 @@ fn alive(pid: u32) -> bool {
 
 /// A server this test did not start itself (a SIGUSR2 successor): killed
 /// when dropped, so a failing test leaves nothing running.
-struct Orphan(u32);
+pub(crate) struct Orphan(pub(crate) u32);
 
 impl Drop for Orphan {
     fn drop(&mut self) {

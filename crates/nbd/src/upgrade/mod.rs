@@ -38,6 +38,21 @@
 //! The successor reads a connection only after `Commit`, and the old
 //! server never again after sending it, so the two never serve one socket
 //! at once. A successor that dies after `Commit` is a crash like any other.
+//!
+//! ## A server that owns its storage ([`Backing`])
+//!
+//! `blizzard up` runs the blob store its volumes live on in the same
+//! process, so the successor needs the disks as well as the sockets. The
+//! old server stops its backing after step 3 (every volume durable and
+//! released) and before step 4; the successor starts its own after step
+//! 4, before step 5. The backing is exclusive (`blizzard up` holds a lock
+//! on its data directory while its cluster runs), and its `start` waits
+//! for it, so the two never run it at once. Whoever fails gives it back:
+//!
+//! | failure | old server | successor |
+//! |---|---|---|
+//! | before the old backing stopped | as in the table above | as above |
+//! | after it stopped, before `Commit` | starts its backing again (waiting while the successor still holds it), then reopens its volumes and resumes, as above | stops its backing (if it started it) after releasing its volumes, and exits |
 
 mod wire;
 
@@ -118,6 +133,8 @@ pub enum UpgradeError {
     NotASocket { what: String },
     #[error("the server is stopping")]
     Stopping,
+    #[error("the storage the volumes live on: {0}")]
+    Backing(String),
 }
 
 async fn send(
@@ -158,7 +175,12 @@ fn unexpected(step: &'static str, expected: &'static str, m: &Message, fds: usiz
 
 /// The old server's side: waits for successors on `l`; once one has taken
 /// over, sets `handed_over` (and stops the rest of the server).
-pub(crate) async fn serve_upgrades(l: HandoverListener, shared: Arc<Shared>, quiesce: mpsc::Sender<Quiesce>) {
+pub(crate) async fn serve_upgrades(
+    l: HandoverListener,
+    shared: Arc<Shared>,
+    quiesce: mpsc::Sender<Quiesce>,
+    backing: Option<Arc<dyn Backing>>,
+) {
     loop {
         let accepted = tokio::select! {
             biased;
@@ -174,7 +196,7 @@ pub(crate) async fn serve_upgrades(l: HandoverListener, shared: Arc<Shared>, qui
             }
         };
         info!(pid, "process {pid} asks for the hand-over of the listener and every connection");
-        match hand_over(&conn, pid, &shared, &quiesce).await {
+        match hand_over(&conn, pid, &shared, &quiesce, backing.as_deref()).await {
             Ok(n) => {
                 info!(pid, connections = n, "hand-over done: process {pid} serves the listener and {n} connections; this server stops");
                 shared.handed_over.trigger();
@@ -191,11 +213,25 @@ pub(crate) async fn serve_upgrades(l: HandoverListener, shared: Arc<Shared>, qui
     }
 }
 
+/// What a server's volumes live on when the server runs it itself
+/// (`blizzard up`: its embedded blob store); module docs, "A server that
+/// owns its storage".
+pub trait Backing: Send + Sync + 'static {
+    /// Starts it, waiting while another process holds it, so that volumes
+    /// can be opened. An error says why it cannot.
+    fn start(&self) -> futures::future::BoxFuture<'_, Result<(), String>>;
+    /// Stops it (every volume released first), so another process can
+    /// start it.
+    fn stop(&self) -> futures::future::BoxFuture<'_, ()>;
+}
+
 /// How far a hand-over got, for undoing it.
 #[derive(Default)]
 struct Progress {
     /// Volumes released: the registry must open them afresh.
     released: bool,
+    /// The backing stopped: it must be started again before that.
+    stopped_backing: bool,
     /// Descriptors sent: the successor knows, no Refused is needed.
     sent: bool,
 }
@@ -205,6 +241,7 @@ async fn hand_over(
     pid: u32,
     shared: &Arc<Shared>,
     quiesce: &mpsc::Sender<Quiesce>,
+    backing: Option<&dyn Backing>,
 ) -> Result<usize, UpgradeError> {
     match recv(conn, &shared.env, "waiting for Hello", HELLO_WAIT).await? {
         (Message::Hello { pid: said }, _) if said == pid => {}
@@ -226,7 +263,7 @@ async fn hand_over(
         Err(_) => return Err(UpgradeError::Stopping),
     };
     let mut progress = Progress::default();
-    match transfer(conn, shared, &*listener, &mut parked, &mut progress).await {
+    match transfer(conn, shared, &*listener, &mut parked, &mut progress, backing).await {
         Ok(()) => {
             // Released, and now another process's: never flush them here.
             shared.registry.clear();
@@ -241,8 +278,33 @@ async fn hand_over(
             if progress.released {
                 shared.registry.clear();
             }
+            if let (true, Some(b)) = (progress.stopped_backing, backing) {
+                restart_backing(shared, b).await;
+            }
             let _ = back.send(Back::Resume(listener, parked));
             Err(e)
+        }
+    }
+}
+
+/// Starts this server's backing again after a failed hand-over stopped
+/// it: until it starts (the successor may still hold it while it gives
+/// up), or the server stops. Its connections wait meanwhile.
+async fn restart_backing(shared: &Shared, b: &dyn Backing) {
+    loop {
+        match b.start().await {
+            Ok(()) => {
+                info!("the storage is back after the failed hand-over; resuming");
+                return;
+            }
+            Err(e) if shared.shutdown.is_set() => {
+                warn!(error = %e, "cannot start the storage again, and the server is stopping");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the storage again after the failed hand-over; trying again in 1 s");
+                shared.env.sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }
@@ -261,6 +323,7 @@ async fn transfer(
     // future must be `Send`.
     parked: &mut [Parked],
     progress: &mut Progress,
+    backing: Option<&dyn Backing>,
 ) -> Result<(), UpgradeError> {
     // Every socket found before anything is released; the messages built
     // now, so no `&Parked` lives across an await.
@@ -302,6 +365,12 @@ async fn transfer(
     if let Some(e) = first {
         return Err(e);
     }
+    // The storage given up for the successor (module docs).
+    if let Some(b) = backing {
+        progress.stopped_backing = true;
+        b.stop().await;
+        info!("storage stopped for the successor");
+    }
     progress.sent = true;
     let m = Message::Listener { connections: conns.len() as u32, addr: listener.local_addr() };
     send(conn, "sending the listener", &m, &[lfd]).await?;
@@ -331,6 +400,19 @@ impl Server {
         exports: Arc<dyn Exports>,
         socket: &Path,
         cfg: NbdConfig,
+    ) -> Result<Server, NbdError> {
+        Server::upgrade_from_backing(env, exports, socket, cfg, None).await
+    }
+
+    /// [`Server::upgrade_from`] for a server that runs the storage its
+    /// volumes live on (`backing`, module docs): started once the old
+    /// server has stopped its own, stopped again if the hand-over fails.
+    pub async fn upgrade_from_backing(
+        env: Env,
+        exports: Arc<dyn Exports>,
+        socket: &Path,
+        cfg: NbdConfig,
+        backing: Option<Arc<dyn Backing>>,
     ) -> Result<Server, NbdError> {
         check_config(&cfg)?;
         let (conn, old) = HandoverConn::connect(socket)
@@ -369,6 +451,13 @@ impl Server {
                 flags: c.flags,
             });
         }
+        if let Some(b) = &backing {
+            info!("starting the storage the old server stopped");
+            if let Err(why) = b.start().await {
+                let _ = send(&conn, "sending Failed", &Message::Failed { reason: why.clone() }, &[]).await;
+                return Err(UpgradeError::Backing(why).into());
+            }
+        }
         info!(connections = count, %addr, "received the listener and connections; opening their volumes");
         let shared = Shared::new(env, exports, cfg);
         // (export, structured, flags) of each: no `&Parked` across an
@@ -379,6 +468,9 @@ impl Server {
             Ok(()) => send(&conn, "sending Ready", &Message::Ready, &[]).await,
             Err(e) => {
                 release_all(&shared).await;
+                if let Some(b) = &backing {
+                    b.stop().await;
+                }
                 let _ = send(&conn, "sending Failed", &Message::Failed { reason: e.to_string() }, &[]).await;
                 return Err(e.into());
             }
@@ -395,6 +487,9 @@ impl Server {
             // Without Commit the old server may be serving these sockets:
             // never touch them.
             release_all(&shared).await;
+            if let Some(b) = &backing {
+                b.stop().await;
+            }
             return Err(e.into());
         }
         info!(old, connections = parked.len(), %addr, "hand-over from process {old} done: serving its connections");
