@@ -146,6 +146,15 @@ pub trait Disk: Send + Sync {
     fn preparing_left(&self) -> u64 {
         0
     }
+    /// A hint: `len` bytes at `offset` will soon be written in pieces
+    /// smaller than a page, so bring them into the page cache now, in the
+    /// background (`POSIX_FADV_WILLNEED`). A buffered write into part of a
+    /// page the cache does not hold makes the kernel read that page first,
+    /// synchronously, on the writing thread. Changes nothing a read or a
+    /// crash sees; a disk without a page cache ignores it.
+    fn prefetch(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
 }
 
 /// Alignment of direct (page-cache bypassing) disk I/O: buffer addresses,

@@ -277,6 +277,12 @@ impl Disk for ModelledDisk {
     fn preparing_left(&self) -> u64 {
         self.inner.preparing_left()
     }
+
+    /// Not charged: readahead of a range the disk reads sequentially, in
+    /// the background.
+    fn prefetch(&self, offset: u64, len: u64) {
+        self.inner.prefetch(offset, len)
+    }
 }
 
 #[cfg(test)]

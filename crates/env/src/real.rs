@@ -457,6 +457,17 @@ impl Disk for RealDisk {
         self.zero_fill.left()
     }
 
+    fn prefetch(&self, offset: u64, len: u64) {
+        let len = len.min(self.len.saturating_sub(offset));
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            // Starts readahead and returns; a failure only costs speed.
+            if let Err(e) = rustix::fs::fadvise(&*self.file, offset, Some(len), rustix::fs::Advice::WillNeed)
+            {
+                tracing::debug!(error = %e, offset, len, "fadvise(WILLNEED) failed");
+            }
+        }
+    }
+
     fn sync_alone(&self) -> BoxFuture<'static, io::Result<()>> {
         let file = self.file.clone();
         let last = self.last_sync_us.clone();
@@ -518,6 +529,11 @@ mod tests {
         let big: Vec<u8> = (0..INLINE_WRITE_MAX * 2).map(|i| (i % 251) as u8).collect();
         d.write_at(vec![(65536, Bytes::from(big.clone()))]).await?;
         assert_eq!(&d.read_at(65536, big.len()).await?[..], &big[..]);
+        // Prefetching is only a hint: a range past the end is cut, nothing
+        // read changes.
+        d.prefetch(0, 64 << 20);
+        d.prefetch(16 << 20, 4096);
+        assert_eq!(&d.read_at(8192, 8192).await?[..], &page[..]);
         // A write large enough to go direct, from an unaligned buffer and
         // from an aligned one, over a range whose start is cached from a
         // buffered write: small reads (cached) and large ones see it.

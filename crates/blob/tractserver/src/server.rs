@@ -258,6 +258,27 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
             }
         }),
     ];
+    // The chunk-entry ring into the page cache, once the disk's zero-fill
+    // is done (`Store::prefetch_journal`): now, or from a task waiting for
+    // it (only a new real disk file has one; the simulator's never do).
+    if service.store.disk_preparing_left() == 0 {
+        service.store.prefetch_journal();
+    } else {
+        let (store, env) = (service.store.clone(), env.clone());
+        let mut rx = rx.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = rx.wait() => {}
+                _ = async {
+                    while store.disk_preparing_left() > 0 {
+                        env.sleep(Duration::from_millis(500)).await;
+                    }
+                    store.prefetch_journal();
+                } => {}
+            }
+        }));
+    }
     if let Some(jc) = &journal {
         // Journaled writes reach the data disk (`store::backup`).
         let (store, env, interval) = (service.store.clone(), env.clone(), jc.destage_interval);

@@ -328,7 +328,19 @@ impl Store {
     /// Bytes of the disk's own background work still ahead
     /// ([`Disk::preparing_left`]).
     pub fn disk_preparing_left(&self) -> u64 {
-        self.disk.preparing_left() + self.backup.get().map_or(0, |b| b.journal.preparing_left())
+        let journal = [self.backup_journal(), self.backup_second_area()].into_iter().flatten();
+        self.disk.preparing_left() + journal.map(|j| j.preparing_left()).sum::<u64>()
+    }
+
+    /// Brings the chunk-entry ring into the page cache in the background
+    /// ([`Disk::prefetch`]): every change appends a record of at most 512
+    /// bytes there, inside a page, and a page not in the cache would be
+    /// read from the device first, on a runtime thread. Measured on a new
+    /// `blizzard up` (`BLOCKREQ=1 bench/row.sh`, 3-way 4 KiB random writes):
+    /// 0.05 synchronous device reads per write before. Call once the
+    /// disk's zero-fill is done: its direct writes would drop the pages.
+    pub fn prefetch_journal(&self) {
+        self.disk.prefetch(self.layout.journal_offset, self.layout.journal_len);
     }
 
     /// Number of `fdatasync` calls so far.
