@@ -133,30 +133,48 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
         std::process::id(),
         std::process::id()
     );
-    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
-        .context("installing the SIGUSR2 handler")?;
-    let stop = wait_for_stop_signal();
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            r = &mut stop => {
-                r?;
-                break;
-            }
-            _ = usr2.recv() => match start_successor(&exe, &own) {
-                Ok(pid) => tracing::info!(pid, "SIGUSR2: started process {pid} to take over"),
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGUSR2: cannot start a successor; serving on"),
-            },
-            () = server.handed_over() => {
-                println!("handed over to a new process: exiting");
-                break;
-            }
-        }
-    }
+    serve_until_stopped(&server, &exe, &own, std::future::ready(())).await?;
     // After a hand-over nothing is left to flush: the volumes went
     // with the connections.
     server.shutdown().await.context("flushing volumes at shutdown")?;
     Ok(())
+}
+
+/// Serves until SIGINT or SIGTERM, or until a successor has taken over;
+/// on SIGUSR2 starts that successor (this binary `exe` as it is on disk
+/// now, its hand-over socket `own`). `also` runs alongside until it ends
+/// (`blizzard up`'s zero-fill progress).
+pub(crate) async fn serve_until_stopped(
+    server: &blizzard_nbd::Server,
+    exe: &std::path::Path,
+    own: &std::path::Path,
+    also: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+        .context("installing the SIGUSR2 handler")?;
+    let stop = wait_for_stop_signal();
+    tokio::pin!(stop);
+    tokio::pin!(also);
+    let mut also_done = false;
+    loop {
+        tokio::select! {
+            r = &mut stop => {
+                r?;
+                println!("stopping: finishing in-flight requests and flushing volumes");
+                return Ok(());
+            }
+            () = &mut also, if !also_done => also_done = true,
+            _ = usr2.recv() => match start_successor(exe, own) {
+                Ok(pid) => tracing::info!(pid, "SIGUSR2: started process {pid} to take over"),
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGUSR2: cannot start a successor; serving on"),
+            },
+            () = server.handed_over() => {
+                // The volumes (and `blizzard up`'s cluster) went with it.
+                println!("handed over to a new process: exiting");
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// Where `blizzard nbd` in process `pid` waits for a successor by default.

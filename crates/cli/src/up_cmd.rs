@@ -16,12 +16,11 @@ use blizzard_env::Env;
 use blizzard_nbd::upgrade::Backing;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, S3Spec, VolumeSpec};
 
-use crate::nbd_cmd::{default_upgrade_socket, start_successor, upgrade_socket_of};
+use crate::nbd_cmd::{default_upgrade_socket, serve_until_stopped, upgrade_socket_of};
 use crate::up_backing::UpBacking;
 use crate::volume_cmd::{cache_dir, print_volume, remove_empty_dir};
 use crate::{
     mode, open_waiting, planted, policy, print_connect, print_status, report_zero_fill, self_check, size,
-    wait_for_stop_signal,
 };
 
 /// Striping unit of `blizzard up`'s default write-through or fast-ack
@@ -282,32 +281,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
     );
     if !check {
         println!("Ctrl-C (or SIGTERM) stops it cleanly.");
-        let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
-            .context("installing the SIGUSR2 handler")?;
-        let stop = wait_for_stop_signal();
-        tokio::pin!(stop);
-        let zero_fill = report_zero_fill(&env, &backing);
-        tokio::pin!(zero_fill);
-        let mut zero_filled = false;
-        loop {
-            tokio::select! {
-                r = &mut stop => {
-                    r?;
-                    println!("stopping: finishing in-flight requests and flushing volumes");
-                    break;
-                }
-                () = &mut zero_fill, if !zero_filled => zero_filled = true,
-                _ = usr2.recv() => match start_successor(&exe, &own) {
-                    Ok(pid) => tracing::info!(pid, "SIGUSR2: started process {pid} to take over"),
-                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGUSR2: cannot start a successor; serving on"),
-                },
-                () = server.handed_over() => {
-                    // The volumes and the cluster went with it.
-                    println!("handed over to a new process: exiting");
-                    break;
-                }
-            }
-        }
+        serve_until_stopped(&server, &exe, &own, report_zero_fill(&env, &backing)).await?;
     }
     let flushed = server.shutdown().await;
     backing.stop_cluster().await;

@@ -115,17 +115,33 @@ async fn fio_verify_survives_two_online_upgrades() {
     say(&format!("process {} took over from {old} (--upgrade-from), which exited 0", second.pid().unwrap()));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    // 2. SIGUSR2: the server starts its successor itself.
-    let old = second.pid().unwrap();
-    assert!(fio.running(), "fio ended before the second hand-over:\n{}", fio.tail());
+    // 2. SIGUSR2: the server starts its successor itself; then fio ends,
+    // and the last process serves a new client and stops.
+    sigusr2_then_finish(&mut second, &mut fio, &uri, START_TIMEOUT, &say);
+    procs.check_running();
+}
+
+/// The end both online-upgrade tests share: SIGUSR2 to `current`, which
+/// starts its own successor, which must take over while `current` exits
+/// 0; then fio must end with every block written and verified; then the
+/// last process must serve a new client (nbdinfo) and stop on SIGTERM.
+pub(crate) fn sigusr2_then_finish(
+    current: &mut Proc,
+    fio: &mut Proc,
+    uri: &str,
+    timeout: Duration,
+    say: &dyn Fn(&str),
+) {
+    let old = current.pid().unwrap();
+    assert!(fio.running(), "fio ended before the hand-over on SIGUSR2:\n{}", fio.tail());
     signal(old, "USR2");
-    let status = second.wait_exit(START_TIMEOUT);
+    let status = current.wait_exit(timeout);
     // The successor writes to the same log (it inherited its output).
-    let log = second.log_text();
-    assert!(status.success(), "the old server should exit 0 after the hand-over ({status}):\n{log}");
+    let log = current.log_text();
+    assert!(status.success(), "the old process should exit 0 after the hand-over ({status}):\n{log}");
     let third = successor_pid(&log);
     let _third = Orphan(third);
-    let text = wait_text(&second, &format!("hand-over from process {old} done"));
+    let text = wait_text(current, &format!("hand-over from process {old} done"));
     assert!(text.contains("hand-over done"), "{text}");
     say(&format!("SIGUSR2: process {third} took over from {old}, which exited 0"));
 
@@ -142,20 +158,19 @@ async fn fio_verify_survives_two_online_upgrades() {
         (read_kib << 10) / MIB
     ));
 
-    // The last server serves a new client, and stops cleanly.
-    let info = Command::new(common::tool("nbdinfo", "libnbd-bin")).arg(&uri).output().unwrap();
+    // The last process serves a new client, and stops cleanly.
+    let info = Command::new(common::tool("nbdinfo", "libnbd-bin")).arg(uri).output().unwrap();
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(info.status.success() && text.contains(&(2 * REGION).to_string()), "nbdinfo {uri}:\n{text}");
     assert!(alive(third), "process {third} should serve");
     signal(third, "TERM");
-    let deadline = Instant::now() + START_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     while alive(third) {
-        assert!(Instant::now() < deadline, "process {third} still runs {START_TIMEOUT:?} after SIGTERM");
+        assert!(Instant::now() < deadline, "process {third} still runs {timeout:?} after SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let log = second.log_text();
+    let log = current.log_text();
     assert!(!log.contains("flush at shutdown failed"), "{log}");
-    procs.check_running();
     say("a new client served by the last process, which stopped on SIGTERM");
 }
 

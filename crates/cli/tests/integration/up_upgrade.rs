@@ -25,12 +25,9 @@
 #![allow(clippy::disallowed_methods)]
 
 use crate::common;
-use crate::nbd_upgrade::{
-    alive, failed_pid, signal, start_fio, successor_pid, terse, wait_text, Orphan, MIB, REGION,
-};
+use crate::nbd_upgrade::{failed_pid, sigusr2_then_finish, start_fio, REGION};
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{free_port, Proc};
@@ -129,44 +126,7 @@ async fn fio_verify_survives_online_upgrades_of_blizzard_up() {
     say(&format!("process {} took over from {old} (--upgrade-from), which exited 0", next.pid().unwrap()));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    // 3. SIGUSR2: it starts its successor itself.
-    let old = next.pid().unwrap();
-    assert!(fio.running(), "fio ended before the second hand-over:\n{}", fio.tail());
-    signal(old, "USR2");
-    let status = next.wait_exit(START_TIMEOUT);
-    let log = next.log_text();
-    assert!(status.success(), "the old process should exit 0 after the hand-over ({status}):\n{log}");
-    let third = successor_pid(&log);
-    let _third = Orphan(third);
-    let text = wait_text(&next, &format!("hand-over from process {old} done"));
-    assert!(text.contains("hand-over done"), "{text}");
-    say(&format!("SIGUSR2: process {third} took over from {old}, which exited 0"));
-
-    // fio ends: every block written, read back and checked.
-    let status = fio.wait_exit(Duration::from_secs(300));
-    let out = fio.log_text();
-    let (error, read_kib, write_kib) = terse(&out);
-    assert!(status.success() && error == 0, "fio failed ({status}):\n{out}");
-    assert_eq!(write_kib << 10, 2 * REGION, "fio should write both regions whole:\n{out}");
-    assert!(read_kib << 10 >= 2 * REGION, "fio should read back every block it wrote:\n{out}");
-    say(&format!(
-        "fio wrote {} MiB and verified {} MiB read back, no error",
-        (write_kib << 10) / MIB,
-        (read_kib << 10) / MIB
-    ));
-
-    // The last process serves a new client, and stops cleanly.
-    let info = Command::new(common::tool("nbdinfo", "libnbd-bin")).arg(&uri).output().unwrap();
-    let text = String::from_utf8_lossy(&info.stdout);
-    assert!(info.status.success() && text.contains(&(2 * REGION).to_string()), "nbdinfo {uri}:\n{text}");
-    assert!(alive(third), "process {third} should serve");
-    signal(third, "TERM");
-    let deadline = Instant::now() + START_TIMEOUT;
-    while alive(third) {
-        assert!(Instant::now() < deadline, "process {third} still runs {START_TIMEOUT:?} after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let log = next.log_text();
-    assert!(!log.contains("flush at shutdown failed"), "{log}");
-    say("a new client served by the last process, which stopped on SIGTERM");
+    // 3. SIGUSR2: it starts its successor itself; then fio ends, and the
+    // last process serves a new client and stops.
+    sigusr2_then_finish(&mut next, &mut fio, &uri, START_TIMEOUT, &say);
 }
