@@ -477,17 +477,14 @@ async fn open_waiting(
     }
 }
 
-/// Waits for Ctrl-C or SIGTERM.
 /// Logs how far the background zero-fill of new disk files has got, every
-/// few seconds until it is done (nothing when no disk is new).
+/// few seconds until it is done (nothing when no disk is new, and nothing
+/// more once the cluster has stopped for a hand-over).
 async fn report_zero_fill(env: &Env, backing: &up_backing::UpBacking) {
-    let total = backing.disks_preparing_left().await;
-    if total == 0 {
-        return;
-    }
+    let Some(total) = backing.disks_preparing_left().await.filter(|t| *t > 0) else { return };
     loop {
         env.sleep(Duration::from_secs(5)).await;
-        let left = backing.disks_preparing_left().await;
+        let Some(left) = backing.disks_preparing_left().await else { return };
         if left == 0 {
             tracing::info!("new disks zero-filled");
             return;
@@ -500,6 +497,7 @@ async fn report_zero_fill(env: &Env, backing: &up_backing::UpBacking) {
     }
 }
 
+/// Waits for Ctrl-C or SIGTERM.
 async fn wait_for_stop_signal() -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;

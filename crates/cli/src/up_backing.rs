@@ -148,9 +148,10 @@ impl UpBacking {
         self.running.lock().await.as_ref().map(|r| r.cluster.meta_addr.clone()).unwrap_or_default()
     }
 
-    /// Bytes of new disk files still being zero-filled.
-    pub(crate) async fn disks_preparing_left(&self) -> u64 {
-        self.running.lock().await.as_ref().map_or(0, |r| r.cluster.disks_preparing_left())
+    /// Bytes of new disk files still being zero-filled (`None`: the
+    /// cluster is stopped).
+    pub(crate) async fn disks_preparing_left(&self) -> Option<u64> {
+        self.running.lock().await.as_ref().map(|r| r.cluster.disks_preparing_left())
     }
 
     pub(crate) fn exports(&self) -> Arc<dyn Exports> {
