@@ -252,8 +252,25 @@ pub fn tool(tool: &str, package: &str) -> String {
 
 /// A port free at the moment: bound, read and released. The metadata
 /// server needs its address before the tractservers start.
+///
+/// Drawn at random below the kernel's ephemeral range (32768 and up here,
+/// `ip_local_port_range`), which the kernel hands out by itself for
+/// port-0 listeners and for the source ports of outgoing connections:
+/// a port taken from that range can be given to another test's socket
+/// between this release and the server's bind (a CI run lost a
+/// tractserver's `--metrics` port that way). Below it, only another
+/// test's own draw can collide.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    const LOW: u64 = 10_000;
+    const HIGH: u64 = 32_768;
+    let env = blizzard_env::Env::real();
+    for _ in 0..1000 {
+        let port = (LOW + env.random_u64() % (HIGH - LOW)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {LOW} and {HIGH} after 1000 tries");
 }
 
 /// `blizzard meta` arguments: 1 MiB tracts, `HEARTBEAT_MS`, `DEAD_AFTER_MS`,
