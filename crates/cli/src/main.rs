@@ -19,12 +19,14 @@ use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug};
 
 mod kv;
 mod nbd_cmd;
+mod tls_cmd;
 mod tractserver_cmd;
 mod up_backing;
 mod up_cmd;
 mod volume_cmd;
 
 use nbd_cmd::{nbd_cmd, NbdArgs};
+use tls_cmd::{ca_cmd, CaCmd, TlsHint};
 use tractserver_cmd::{tractserver_cmd, TractserverArgs};
 use up_cmd::{up_cmd, UpArgs};
 use volume_cmd::{volume_cmd, VolumeCmd};
@@ -61,6 +63,13 @@ enum Cmd {
     /// Serve the volumes of a cluster over NBD (QEMU, nbdinfo, nbdcopy,
     /// nbdfuse, fio's nbd engine), each as an export of its own name.
     Nbd(NbdArgs),
+    /// Certificates: a CA for a cluster, and certificates it issues for
+    /// NBD servers, cluster servers and clients (the layout qemu, nbdkit
+    /// and libnbd read).
+    Ca {
+        #[command(subcommand)]
+        cmd: CaCmd,
+    },
     /// Run a metadata server, or one replica of the metadata service
     /// (`--id`, `--peers`, `--data`: three replicas survive the loss of
     /// any one; every other command then takes `--meta` with all three).
@@ -277,6 +286,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Up(args) => up_cmd(env, args).await?,
         Cmd::Nbd(args) => nbd_cmd(env, args).await?,
+        Cmd::Ca { cmd } => ca_cmd(&env, cmd)?,
         Cmd::Meta {
             listen,
             id,
@@ -509,12 +519,19 @@ async fn wait_for_stop_signal() -> Result<()> {
 }
 
 /// How to reach an export, for people.
-fn print_connect(addr: &str, export: &str) {
+fn print_connect(addr: &str, export: &str, tls: Option<&TlsHint>) {
     let uri = match addr.strip_prefix("unix:") {
         Some(path) => format!("nbd+unix:///{export}?socket={path}"),
         None => format!("nbd://{addr}/{export}"),
     };
     println!("NBD export {export:?} at {addr}:");
+    if let Some(t) = tls {
+        println!("  over TLS:     nbdinfo {}", t.uri(addr, export));
+        if t.required {
+            println!("  (TLS required: plain clients are refused)");
+            return;
+        }
+    }
     println!("  inspect:      nbdinfo {uri}");
     println!("  copy in/out:  qemu-img convert -n -O raw IMAGE {uri}   |   nbdcopy {uri} OUT.img");
     println!("  a VM's disk:  qemu-system-x86_64 -drive file={uri},format=raw,cache=none ...");

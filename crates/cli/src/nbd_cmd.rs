@@ -11,6 +11,7 @@ use clap::Args;
 use blizzard_env::Env;
 use blizzard_volume::PlantedBug;
 
+use crate::tls_cmd::{nbd_tls, TlsArgs, TlsHint};
 use crate::{connect, planted, print_connect, wait_for_stop_signal};
 
 #[derive(Args)]
@@ -63,6 +64,8 @@ pub(crate) struct NbdArgs {
     /// same arguments and `--upgrade-from` this socket.
     #[arg(long, value_name = "PATH")]
     upgrade_socket: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
@@ -77,20 +80,25 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
         plant,
         upgrade_from,
         upgrade_socket,
+        tls,
     } = args;
     // The binary's path as started: after an upgrade replaced the
     // file, it names the new binary, which SIGUSR2 starts.
     let exe = std::env::current_exe().context("finding this binary's path")?;
-    let client = connect(&env, &meta).await?;
     let listen = match socket {
         Some(p) => format!("unix:{}", p.display()),
         None => listen,
     };
+    // Certificates are checked before anything else starts.
+    let tls = nbd_tls(&env, &tls, tls.tls_certificates.as_deref(), &listen)?;
+    let hint = TlsHint::of(tls.as_ref(), None);
+    let client = connect(&env, &meta).await?;
     let mode = blizzard_nbd::OpenMode { read_only, take_over, planted: plant };
     let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client, mode);
     let cfg = blizzard_nbd::NbdConfig {
         default_export: default_export.clone(),
         metrics_listen: metrics,
+        tls,
         ..Default::default()
     };
     let mut server = match &upgrade_from {
@@ -127,7 +135,7 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
         let _ = server.shutdown().await;
         return Err(e).context("listening for a successor (online upgrade); choose --upgrade-socket");
     }
-    print_connect(server.local_addr(), default_export.as_deref().unwrap_or("VOLUME"));
+    print_connect(server.local_addr(), default_export.as_deref().unwrap_or("VOLUME"), hint.as_ref());
     println!(
         "  upgrade:      kill -USR2 {}   (or start the new binary with --upgrade-from {})",
         std::process::id(),

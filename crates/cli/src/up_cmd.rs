@@ -17,6 +17,7 @@ use blizzard_nbd::upgrade::Backing;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, S3Spec, VolumeSpec};
 
 use crate::nbd_cmd::{default_upgrade_socket, serve_until_stopped, upgrade_socket_of};
+use crate::tls_cmd::{nbd_tls, up_credentials, TlsArgs, TlsHint};
 use crate::up_backing::UpBacking;
 use crate::volume_cmd::{cache_dir, print_volume, remove_empty_dir};
 use crate::{
@@ -144,6 +145,12 @@ pub(crate) struct UpArgs {
     /// same arguments.
     #[arg(long, value_name = "PATH")]
     upgrade_socket: Option<PathBuf>,
+    /// NBD over TLS. Without --tls-certificates, `up` makes its own CA, a
+    /// server certificate and a client certificate under DATA/tls on
+    /// first start (the client's in DATA/tls/client, the layout libnbd
+    /// and qemu read) and offers TLS; --tls off makes none.
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
@@ -173,6 +180,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
         plant,
         upgrade_from,
         upgrade_socket,
+        tls,
     } = args;
     let mut cfg = ClusterConfig::new(&data);
     cfg.tractservers = tractservers;
@@ -203,9 +211,13 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
     let exe = std::env::current_exe().context("finding this binary's path")?;
     let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
     let backing = UpBacking::new(env.clone(), cfg, open_mode);
+    let creds = up_credentials(&env, &data, &tls, &listen)?;
+    let nbd_tls = nbd_tls(&env, &tls, creds.as_ref().map(|c| c.0.as_path()), &listen)?;
+    let hint = TlsHint::of(nbd_tls.as_ref(), creds.and_then(|c| c.1));
     let nbd_cfg = blizzard_nbd::NbdConfig {
         default_export: Some(volume.clone()),
         metrics_listen: metrics,
+        tls: nbd_tls,
         ..Default::default()
     };
     let mut server = match &upgrade_from {
@@ -260,6 +272,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
                 },
                 s3.map(|url| (url, cache_size)),
                 plant,
+                hint.as_ref(),
             )
             .await?;
             server
@@ -303,6 +316,7 @@ async fn serve_default_volume(
     spec: VolumeSpec,
     s3: Option<(String, u64)>,
     plant: PlantedBug,
+    tls: Option<&TlsHint>,
 ) -> Result<blizzard_nbd::Server> {
     self_check(client).await.context("self-check of the blob store failed")?;
     let (mode, flush, size) = (spec.mode, spec.flush, spec.size_bytes);
@@ -347,6 +361,6 @@ async fn serve_default_volume(
         );
     }
     println!();
-    print_connect(server.local_addr(), volume);
+    print_connect(server.local_addr(), volume, tls);
     Ok(server)
 }

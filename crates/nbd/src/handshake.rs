@@ -11,7 +11,10 @@
 //! - SET_META_CONTEXT replaces the selection even when it fails, and the
 //!   selection counts only if it named the export finally chosen;
 //! - each client message must arrive within `handshake_timeout`, and an
-//!   option's data is bounded by `OPTION_LEN_MAX` before it is read.
+//!   option's data is bounded by `OPTION_LEN_MAX` before it is read;
+//! - STARTTLS ends one round of haggling and the next starts from nothing
+//!   inside TLS; before a required upgrade only STARTTLS and ABORT are
+//!   answered (`tls::gate`).
 
 use std::sync::Arc;
 
@@ -22,6 +25,7 @@ use blizzard_volume::{CommitMode, Volume, VolumeError};
 
 use crate::proto::*;
 use crate::server::{ConnError, Shared};
+use crate::tls::{gate, Gate, TlsState};
 
 /// The context id handed out for `base:allocation` (any value works; the
 /// client treats it as opaque).
@@ -93,29 +97,54 @@ struct Haggle<'a, S> {
     s: &'a mut S,
     shared: &'a Shared,
     peer: &'a str,
+    tls: TlsState,
     structured: bool,
     /// The last SET_META_CONTEXT: the export it named (resolved) and whether
     /// it selected `base:allocation`.
     meta: Option<(String, bool)>,
 }
 
-/// Runs the handshake on `s`. `Ok(None)`: the client aborted (a soft
-/// disconnect).
-pub(crate) async fn negotiate<S>(
-    s: &mut S,
-    shared: &Shared,
-    peer: &str,
-) -> Result<Option<Negotiated>, ConnError>
+/// How option haggling ended.
+pub(crate) enum Outcome {
+    /// The client aborted (a soft disconnect).
+    Aborted,
+    /// An export was chosen: the transmission phase follows.
+    Ready(Negotiated),
+    /// STARTTLS was acknowledged: the caller runs the TLS handshake, then
+    /// haggles again from scratch inside it.
+    StartTls,
+}
+
+/// Sends the greeting and reads the client's flags. Returns whether the
+/// client asked for no zeroes after EXPORT_NAME's reply.
+pub(crate) async fn greet<S>(s: &mut S, shared: &Shared, peer: &str) -> Result<bool, ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     s.write_all(&encode_greeting()).await?;
     s.flush().await?;
-    let mut h = Haggle { s, shared, peer, structured: false, meta: None };
+    let mut h = Haggle { s, shared, peer, tls: TlsState::of(None), structured: false, meta: None };
     let mut flags = [0u8; 4];
     h.read_exact(&mut flags).await?;
     let cf =
         decode_client_flags(u32::from_be_bytes(flags)).map_err(|e| ConnError::Protocol(e.to_string()))?;
+    Ok(cf.no_zeroes)
+}
+
+/// Runs the option haggling on `s`, under the TLS state `tls` (options
+/// negotiated before a STARTTLS do not carry over: each call starts
+/// fresh).
+pub(crate) async fn negotiate<S>(
+    s: &mut S,
+    shared: &Shared,
+    peer: &str,
+    no_zeroes: bool,
+    tls: TlsState,
+) -> Result<Outcome, ConnError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut h = Haggle { s, shared, peer, tls, structured: false, meta: None };
     loop {
         let mut hdr = [0u8; OPTION_HEADER_LEN];
         h.read_exact(&mut hdr).await?;
@@ -133,6 +162,19 @@ where
         }
         let mut data = vec![0u8; hdr.len as usize];
         h.read_exact(&mut data).await?;
+        match gate(hdr.option, h.tls) {
+            Gate::Proceed => {}
+            Gate::TlsRequired => {
+                let msg = "this server requires TLS: upgrade with NBD_OPT_STARTTLS first (nbds:// with libnbd, tls-creds with qemu)";
+                h.error(hdr.option, NBD_REP_ERR_TLS_REQD, msg).await?;
+                continue;
+            }
+            Gate::Disconnect => {
+                return Err(ConnError::Protocol(
+                    "NBD_OPT_EXPORT_NAME before the TLS this server requires".into(),
+                ));
+            }
+        }
         let opt = match decode_option(hdr.option, &data) {
             Ok(o) => o,
             Err(e) if hdr.option == NBD_OPT_EXPORT_NAME => {
@@ -145,7 +187,7 @@ where
             }
         };
         debug!(peer = %h.peer, option = ?opt, "NBD option");
-        if let Some(done) = h.option(opt, cf.no_zeroes).await? {
+        if let Some(done) = h.option(opt, no_zeroes).await? {
             return Ok(done);
         }
     }
@@ -219,11 +261,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
     }
 
     /// Handles one option. `Some(..)` ends the negotiation.
-    async fn option(
-        &mut self,
-        opt: ClientOption,
-        no_zeroes: bool,
-    ) -> Result<Option<Option<Negotiated>>, ConnError> {
+    async fn option(&mut self, opt: ClientOption, no_zeroes: bool) -> Result<Option<Outcome>, ConnError> {
         let code = opt.code();
         match opt {
             ClientOption::ExportName(name) => {
@@ -238,12 +276,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 let flags = transmission_flags(session.structured, volume.is_read_only());
                 self.s.write_all(&encode_export_name_reply(session.size, flags, no_zeroes)).await?;
                 self.s.flush().await?;
-                Ok(Some(Some(Negotiated { name: resolved, volume, session })))
+                Ok(Some(Outcome::Ready(Negotiated { name: resolved, volume, session })))
             }
             ClientOption::Abort => {
                 // The client may already have gone; that is fine.
                 let _ = self.reply(code, NBD_REP_ACK, &[]).await;
-                Ok(Some(None))
+                Ok(Some(Outcome::Aborted))
             }
             ClientOption::List => {
                 match self.shared.registry.list().await {
@@ -263,8 +301,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 Ok(None)
             }
             ClientOption::StartTls => {
-                self.error(code, NBD_REP_ERR_UNSUP, "this server does not support TLS").await?;
-                Ok(None)
+                if !self.tls.offered {
+                    let msg = "TLS is not enabled on this server (it was started without --tls-certificates)";
+                    self.error(code, NBD_REP_ERR_UNSUP, msg).await?;
+                    return Ok(None);
+                }
+                if self.tls.active {
+                    self.error(code, NBD_REP_ERR_INVALID, "TLS is already negotiated").await?;
+                    return Ok(None);
+                }
+                self.reply(code, NBD_REP_ACK, &[]).await?;
+                Ok(Some(Outcome::StartTls))
             }
             ClientOption::Info(req) | ClientOption::Go(req) => {
                 let Some((name, volume)) = self.export(code, &req.name).await? else {
@@ -289,7 +336,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 self.reply(code, NBD_REP_INFO, &bs).await?;
                 self.reply(code, NBD_REP_ACK, &[]).await?;
                 if code == NBD_OPT_GO {
-                    return Ok(Some(Some(Negotiated { name, volume, session })));
+                    return Ok(Some(Outcome::Ready(Negotiated { name, volume, session })));
                 }
                 Ok(None)
             }

@@ -11,6 +11,7 @@
 //!   open [`blizzard_volume::Volume`] per export for all connections.
 //! - `server`: the accept loop, [`Server::start`] and [`Server::shutdown`].
 //! - `metrics`: what `GET /metrics` shows of the open exports (pure).
+//! - `tls`: STARTTLS, and what a client may ask before it (pure gate).
 //! - `upgrade`: online upgrade, handing the listener and every live
 //!   connection to a successor process ([`Server::upgrade_from`],
 //!   [`Server::listen_for_upgrades`]); `upgrade::wire` its messages (pure).
@@ -21,9 +22,9 @@
 //! INFO_DESCRIPTION, INFO_BLOCK_SIZE), STRUCTURED_REPLY,
 //! LIST/SET_META_CONTEXT (`base:allocation`); commands READ, WRITE, FLUSH,
 //! TRIM, CACHE (a no-op hint), WRITE_ZEROES (NO_HOLE, FAST_ZERO),
-//! BLOCK_STATUS (REQ_ONE), DISC; flags FUA and DF; CAN_MULTI_CONN. Not
-//! implemented: TLS (STARTTLS is NBD_REP_ERR_UNSUP), the experimental
-//! EXTENDED_HEADERS and RESIZE extensions.
+//! BLOCK_STATUS (REQ_ONE), DISC; flags FUA and DF; CAN_MULTI_CONN; TLS
+//! (STARTTLS, offered or required, client certificates). Not implemented:
+//! the experimental EXTENDED_HEADERS and RESIZE extensions.
 
 pub mod exports;
 #[doc(hidden)]
@@ -32,6 +33,7 @@ mod handshake;
 mod metrics;
 pub mod proto;
 mod server;
+mod tls;
 mod transmission;
 pub mod upgrade;
 
@@ -39,6 +41,7 @@ use std::time::Duration;
 
 pub use exports::{ClientExports, Exports, OpenMode};
 pub use server::Server;
+pub use tls::NbdTls;
 
 /// Server settings. Every bound is named here; [`NbdConfig::default`] is
 /// what the CLI uses unless told otherwise.
@@ -69,6 +72,9 @@ pub struct NbdConfig {
     /// Serve Prometheus metrics of the open exports at
     /// `http://ADDR/metrics` (`host:port`); `None` serves none.
     pub metrics_listen: Option<String>,
+    /// TLS offered or required (STARTTLS); `None`: plain connections only,
+    /// STARTTLS refused.
+    pub tls: Option<NbdTls>,
 }
 
 impl Default for NbdConfig {
@@ -82,6 +88,7 @@ impl Default for NbdConfig {
             connections_max: 256,
             shutdown_grace: Duration::from_secs(30),
             metrics_listen: None,
+            tls: None,
         }
     }
 }

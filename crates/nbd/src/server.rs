@@ -27,10 +27,11 @@ use blizzard_env::{BoxStream, Env, Listener};
 use blizzard_volume::{Volume, VolumeError};
 
 use crate::exports::{Exports, Registry};
-use crate::handshake::Negotiated;
+use crate::handshake::{Negotiated, Outcome};
 use crate::proto::Session;
+use crate::tls::TlsState;
 use crate::transmission::Served;
-use crate::{handshake, metrics, proto, transmission, upgrade, NbdConfig, NbdError};
+use crate::{handshake, metrics, proto, tls, transmission, upgrade, NbdConfig, NbdError};
 
 /// A one-way signal: once triggered, every current and future waiter
 /// returns. (tokio's watch channel is banned for the simulator; Notify
@@ -113,6 +114,9 @@ pub(crate) struct Parked {
     pub(crate) session: Session,
     /// The transmission flags the client was told.
     pub(crate) flags: u16,
+    /// The connection runs inside TLS: its session lives in this process
+    /// and cannot be handed over.
+    pub(crate) tls: bool,
 }
 
 /// A request to the accept loop to quiesce for a hand-over.
@@ -457,23 +461,65 @@ async fn quiesce(conns: &mut Conns, shared: &Arc<Shared>) -> Result<Vec<Parked>,
 
 async fn connection(stream: BoxStream, peer: String, shared: Arc<Shared>) -> Option<Parked> {
     debug!(%peer, "NBD connection");
-    let mut stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, stream);
-    let negotiated = match handshake::negotiate(&mut stream, &shared, &peer).await {
-        Ok(Some(n)) => n,
+    match negotiate(stream, &peer, &shared).await {
+        Ok(Some((stream, leftover, negotiated, tls))) => {
+            debug!(%peer, export = %negotiated.name, structured = negotiated.session.structured, tls, "NBD transmission");
+            transmit(stream, leftover, negotiated, tls, peer, shared).await
+        }
         Ok(None) => {
             debug!(%peer, "NBD client ended negotiation");
-            return None;
+            None
         }
         Err(e) => {
             e.log(&peer, "handshake");
-            return None;
+            None
         }
-    };
-    debug!(%peer, export = %negotiated.name, structured = negotiated.session.structured, "NBD transmission");
-    // What the client sent after its last option (nothing, usually) is
-    // the start of its first request.
-    let leftover = stream.buffer().to_vec();
-    transmit(stream.into_inner(), leftover, negotiated, peer, shared).await
+    }
+}
+
+/// The handshake, with TLS if the client starts it: the stream to serve
+/// (inside TLS or not), the bytes read past the last option (the start of
+/// the first request, usually nothing), the negotiated export, and whether
+/// TLS is on. `None`: the client aborted.
+async fn negotiate(
+    stream: BoxStream,
+    peer: &str,
+    shared: &Shared,
+) -> Result<Option<(BoxStream, Vec<u8>, Negotiated, bool)>, ConnError> {
+    let mut stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, stream);
+    let no_zeroes = handshake::greet(&mut stream, shared, peer).await?;
+    let mut state = TlsState::of(shared.cfg.tls.as_ref());
+    loop {
+        match handshake::negotiate(&mut stream, shared, peer, no_zeroes, state).await? {
+            Outcome::Aborted => return Ok(None),
+            Outcome::Ready(n) => {
+                let leftover = stream.buffer().to_vec();
+                return Ok(Some((stream.into_inner(), leftover, n, state.active)));
+            }
+            Outcome::StartTls => {
+                // Whatever the client sent before our ACK came in plain
+                // text; it must not be read as if it came through TLS.
+                if !stream.buffer().is_empty() {
+                    return Err(ConnError::Protocol(format!(
+                        "{} bytes sent after NBD_OPT_STARTTLS before the server's reply (plain text injected ahead of TLS?)",
+                        stream.buffer().len()
+                    )));
+                }
+                let Some(tls) = shared.cfg.tls.as_ref() else {
+                    return Err(ConnError::Protocol("STARTTLS acknowledged without TLS configured".into()));
+                };
+                let (inner, identity) = tls::accept(stream.into_inner(), tls, shared).await?;
+                match &identity {
+                    Some(id) => {
+                        info!(%peer, client = %id, "NBD client upgraded to TLS with a verified certificate")
+                    }
+                    None => debug!(%peer, "NBD client upgraded to TLS without a certificate"),
+                }
+                stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, inner);
+                state.active = true;
+            }
+        }
+    }
 }
 
 /// The transmission phase of a connection; `Some` if it parked.
@@ -481,6 +527,7 @@ async fn transmit(
     stream: BoxStream,
     leftover: Vec<u8>,
     n: Negotiated,
+    tls: bool,
     peer: String,
     shared: Arc<Shared>,
 ) -> Option<Parked> {
@@ -492,7 +539,7 @@ async fn transmit(
         Ok(Served::Parked { stream, leftover }) => {
             debug!(%peer, leftover = leftover.len(), "NBD connection parked for a hand-over");
             let flags = handshake::transmission_flags(n.session.structured, n.volume.is_read_only());
-            Some(Parked { stream, leftover, peer, export: n.name, session: n.session, flags })
+            Some(Parked { stream, leftover, peer, export: n.name, session: n.session, flags, tls })
         }
         Err(e) => {
             e.log(&peer, "transmission");
@@ -539,7 +586,7 @@ async fn resume(p: Parked, shared: Arc<Shared>) -> Option<Parked> {
     }
     debug!(peer = %p.peer, export = %p.export, "NBD connection resumed");
     let n = Negotiated { name: p.export, volume, session: p.session };
-    transmit(p.stream, p.leftover, n, p.peer, shared).await
+    transmit(p.stream, p.leftover, n, p.tls, p.peer, shared).await
 }
 
 /// Why a connection ended early.
@@ -555,6 +602,8 @@ pub(crate) enum ConnError {
     Export { name: String, reason: String },
     #[error("server shutting down")]
     Shutdown,
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl ConnError {
@@ -562,7 +611,9 @@ impl ConnError {
     /// client going away or the server stopping is routine.
     pub(crate) fn log(&self, peer: &str, phase: &str) {
         match self {
-            ConnError::Protocol(_) | ConnError::Export { .. } => {
+            // A refused certificate or a garbled handshake is worth an
+            // operator's attention: someone tried and failed.
+            ConnError::Protocol(_) | ConnError::Export { .. } | ConnError::Tls(_) => {
                 warn!(%peer, phase, error = %self, "NBD connection dropped")
             }
             ConnError::Io(_) | ConnError::Timeout(_) | ConnError::Shutdown => {

@@ -17,5 +17,6 @@ mod nbd_apps;
 mod nbd_upgrade;
 mod partition;
 mod replica_agreement;
+mod tls_cli;
 mod up_shutdown;
 mod up_upgrade;

@@ -131,6 +131,10 @@ pub enum UpgradeError {
     Flags { told: u16, now: u16 },
     #[error("{what} has no socket to hand over (an in-process pipe?)")]
     NotASocket { what: String },
+    #[error(
+        "the connection from {peer} runs inside TLS, whose session lives in this process and cannot be handed over; upgrade once the TLS clients have disconnected"
+    )]
+    Tls { peer: String },
     #[error("the server is stopping")]
     Stopping,
     #[error("the storage the volumes live on: {0}")]
@@ -330,6 +334,9 @@ async fn transfer(
     let lfd = listener.fd().ok_or_else(|| UpgradeError::NotASocket { what: "the listener".into() })?;
     let mut conns = Vec::with_capacity(parked.len());
     for p in parked.iter() {
+        if p.tls {
+            return Err(UpgradeError::Tls { peer: p.peer.clone() });
+        }
         let fd = stream_fd(&*p.stream)
             .ok_or_else(|| UpgradeError::NotASocket { what: format!("the connection from {}", p.peer) })?;
         let m = Message::Connection(ConnState {
@@ -449,6 +456,8 @@ impl Server {
                 export: c.export,
                 session,
                 flags: c.flags,
+                // Only plain connections are ever sent.
+                tls: false,
             });
         }
         if let Some(b) = &backing {

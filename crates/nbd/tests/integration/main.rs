@@ -8,6 +8,7 @@ mod decoders;
 mod multi_conn;
 mod read_only;
 mod robustness;
+mod tls;
 mod tools;
 mod transmission;
 mod upgrade;

@@ -18,7 +18,7 @@ use common::*;
 
 const SIZE: u64 = 8 << 20;
 
-fn need(tool: &str, package: &str) {
+pub(crate) fn need(tool: &str, package: &str) {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
         .unwrap_or(false);
@@ -29,7 +29,7 @@ fn need(tool: &str, package: &str) {
 }
 
 /// Runs a command; fails the test with its output unless it exits 0.
-fn run(cmd: &str, args: &[&str]) -> String {
+pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{cmd} {args:?} failed ({}):\n{text}", out.status);

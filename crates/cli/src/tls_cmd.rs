@@ -1,0 +1,259 @@
+//! TLS on the command line: the flags `blizzard nbd` and `blizzard up`
+//! share (`--tls-certificates`, `--tls`, `--tls-verify-peer`), the rule
+//! that picks the mode when `--tls` is not given, and `blizzard ca`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+
+use blizzard_env::Env;
+use blizzard_nbd::NbdTls;
+use blizzard_tls::{Issue, Role};
+
+/// Whether NBD clients use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TlsMode {
+    /// Plain connections only; STARTTLS is refused.
+    Off,
+    /// TLS offered: clients that upgrade get it, plain clients are still
+    /// served.
+    On,
+    /// Every client must upgrade first; one that does not learns nothing
+    /// (no export names or sizes).
+    Require,
+}
+
+#[derive(Args, Clone, Debug)]
+pub(crate) struct TlsArgs {
+    /// Certificates for NBD over TLS, in the layout qemu and nbdkit use:
+    /// ca-cert.pem, server-cert.pem, server-key.pem (`blizzard ca issue
+    /// NAME --role nbd` writes one). Checked at start: a missing, expired
+    /// or mismatched file stops the server with the reason.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) tls_certificates: Option<PathBuf>,
+    /// off, on (offered; plain clients still served) or require. Default:
+    /// with certificates, on for a loopback address or a unix socket and
+    /// require for any other; without, off.
+    #[arg(long, value_enum)]
+    pub(crate) tls: Option<TlsMode>,
+    /// Every TLS client must present a certificate signed by the CA in
+    /// ca-cert.pem (without this flag a certificate is optional, and one
+    /// presented is still checked).
+    #[arg(long)]
+    pub(crate) tls_verify_peer: bool,
+}
+
+/// True for a unix socket or an address only this host can reach.
+pub(crate) fn is_loopback(listen: &str) -> bool {
+    if listen.starts_with("unix:") {
+        return true;
+    }
+    let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The mode to run in (pure): what `--tls` says, else the default for
+/// where the server listens and whether it has certificates.
+pub(crate) fn decide(asked: Option<TlsMode>, have_certs: bool, loopback: bool) -> Result<TlsMode, String> {
+    match (asked, have_certs) {
+        (Some(TlsMode::Off), _) => Ok(TlsMode::Off),
+        (Some(m), true) => Ok(m),
+        (Some(m), false) => Err(format!(
+            "--tls {} needs certificates: give --tls-certificates DIR (`blizzard ca init` and `blizzard ca issue` make them)",
+            if m == TlsMode::On { "on" } else { "require" }
+        )),
+        (None, true) if loopback => Ok(TlsMode::On),
+        (None, true) => Ok(TlsMode::Require),
+        (None, false) => Ok(TlsMode::Off),
+    }
+}
+
+/// The NBD server's TLS, loaded and checked from `certs` (if any) for a
+/// server listening on `listen`.
+pub(crate) fn nbd_tls(
+    env: &Env,
+    args: &TlsArgs,
+    certs: Option<&Path>,
+    listen: &str,
+) -> Result<Option<NbdTls>> {
+    let mode = decide(args.tls, certs.is_some(), is_loopback(listen)).map_err(anyhow::Error::msg)?;
+    if args.tls_verify_peer && mode == TlsMode::Off {
+        bail!("--tls-verify-peer needs TLS: give --tls-certificates DIR (and not --tls off)");
+    }
+    let (TlsMode::On | TlsMode::Require, Some(dir)) = (mode, certs) else {
+        return Ok(None);
+    };
+    let config = blizzard_tls::server_config(dir, args.tls_verify_peer, env.clock.system_time())
+        .context("--tls-certificates")?;
+    Ok(Some(NbdTls { config, required: mode == TlsMode::Require }))
+}
+
+/// How a client reaches a TLS export, for the start-up banner.
+pub(crate) struct TlsHint {
+    /// A client certificate directory to name in the URI (`up`'s own).
+    pub(crate) client_dir: Option<PathBuf>,
+    pub(crate) required: bool,
+}
+
+impl TlsHint {
+    pub(crate) fn of(tls: Option<&NbdTls>, client_dir: Option<PathBuf>) -> Option<TlsHint> {
+        tls.map(|t| TlsHint { client_dir, required: t.required })
+    }
+
+    /// The libnbd URI of `export` at `addr` over TLS.
+    pub(crate) fn uri(&self, addr: &str, export: &str) -> String {
+        let dir = self.client_dir.as_ref().map_or("CLIENT_CERT_DIR".to_string(), |d| d.display().to_string());
+        match addr.strip_prefix("unix:") {
+            Some(path) => format!("'nbds+unix:///{export}?socket={path}&tls-certificates={dir}'"),
+            None => format!("'nbds://{addr}/{export}?tls-certificates={dir}'"),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum CaCmd {
+    /// Make a certificate authority in DIR (ca-cert.pem, ca-key.pem): the
+    /// root every blizzard process and client of one cluster trusts. Keep
+    /// ca-key.pem on the machine that issues certificates only.
+    Init {
+        dir: PathBuf,
+        /// The CA's name (its certificate's subject).
+        #[arg(long, default_value = "blizzard CA")]
+        name: String,
+    },
+    /// Issue a certificate from the CA in DIR, for a role: nbd, tractserver
+    /// or meta (a server: server-cert.pem, server-key.pem) or client
+    /// (client-cert.pem, client-key.pem); written with the CA's
+    /// ca-cert.pem into --out (default DIR/NAME), the directory qemu,
+    /// nbdkit, libnbd and blizzard read.
+    Issue {
+        /// The holder's name: what access lists and logs call it.
+        name: String,
+        #[arg(long, value_parser = role)]
+        role: Role,
+        /// The CA's directory (`blizzard ca init`).
+        dir: PathBuf,
+        /// Where to write the certificate (default DIR/NAME).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// For a server: a host name or address clients reach it at
+        /// (repeat for more). Default: localhost, 127.0.0.1, ::1 and this
+        /// host's name.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+    },
+}
+
+fn role(s: &str) -> Result<Role, String> {
+    Role::parse(s).ok_or_else(|| {
+        let all: Vec<_> = Role::ALL.iter().map(|r| r.name()).collect();
+        format!("unknown role {s:?}: one of {}", all.join(", "))
+    })
+}
+
+/// localhost, the loopback addresses and this host's name.
+pub(crate) fn default_hosts() -> Vec<String> {
+    let mut hosts = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty() && !hosts.iter().any(|x| x == h) {
+            hosts.push(h.to_string());
+        }
+    }
+    hosts
+}
+
+pub(crate) fn ca_cmd(env: &Env, cmd: CaCmd) -> Result<()> {
+    let now = env.clock.system_time();
+    match cmd {
+        CaCmd::Init { dir, name } => {
+            blizzard_tls::init_ca(&dir, &name, now)?;
+            println!("CA {name:?} made in {}", dir.display());
+            println!("  issue:  blizzard ca issue NAME --role nbd|tractserver|meta|client {}", dir.display());
+        }
+        CaCmd::Issue { name, role, dir, out, hosts } => {
+            let out = out.unwrap_or_else(|| dir.join(&name));
+            let hosts = if hosts.is_empty() { default_hosts() } else { hosts };
+            let req = Issue { name: name.clone(), role, hosts: hosts.clone() };
+            blizzard_tls::issue(&dir, &req, &out, now)?;
+            println!("{} certificate for {name:?} in {}", role.name(), out.display());
+            if role.is_server() {
+                println!("  for hosts: {}", hosts.join(", "));
+                if role == Role::Nbd {
+                    println!("  serve:     blizzard nbd --tls-certificates {} ...", out.display());
+                }
+            } else {
+                println!("  connect:   nbdinfo 'nbds://HOST/EXPORT?tls-certificates={}'", out.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `blizzard up`'s certificates: made under `DATA/tls` on first start
+/// (or renewed), unless TLS is off or `--tls-certificates` names others.
+/// Returns the server's directory and the client's (`None`: the
+/// operator's own certificates, whose client directory is not known).
+pub(crate) fn up_credentials(
+    env: &Env,
+    data: &Path,
+    args: &TlsArgs,
+    listen: &str,
+) -> Result<Option<(PathBuf, Option<PathBuf>)>> {
+    if args.tls == Some(TlsMode::Off) {
+        return Ok(None);
+    }
+    if let Some(dir) = &args.tls_certificates {
+        return Ok(Some((dir.clone(), None)));
+    }
+    let mut hosts = default_hosts();
+    if !listen.starts_with("unix:") {
+        let host =
+            listen.rsplit_once(':').map_or(listen, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+        let wildcard = host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified());
+        if !host.is_empty() && !wildcard && !hosts.iter().any(|h| h == host) {
+            hosts.push(host.to_string());
+        }
+    }
+    let c = blizzard_tls::ensure_up_credentials(&data.join("tls"), &hosts, env.clock.system_time())
+        .context("making blizzard up's TLS certificates (give --tls off to run without)")?;
+    if c.made {
+        tracing::info!(dir = %c.server_dir.display(), "made TLS certificates for this cluster");
+    }
+    // Absolute, so the URI printed works from any directory.
+    let client = std::fs::canonicalize(&c.client_dir).unwrap_or(c.client_dir);
+    Ok(Some((c.server_dir, Some(client))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_mode_follows_the_address_and_the_certificates() {
+        use TlsMode::*;
+        for loopback in [false, true] {
+            assert_eq!(decide(None, false, loopback), Ok(Off));
+            assert_eq!(decide(Some(Off), true, loopback), Ok(Off));
+            assert_eq!(decide(Some(Off), false, loopback), Ok(Off));
+            assert_eq!(decide(Some(On), true, loopback), Ok(On));
+            assert_eq!(decide(Some(Require), true, loopback), Ok(Require));
+            assert!(decide(Some(On), false, loopback).is_err_and(|e| e.contains("--tls-certificates")));
+            assert!(decide(Some(Require), false, loopback).is_err());
+        }
+        assert_eq!(decide(None, true, true), Ok(On));
+        assert_eq!(decide(None, true, false), Ok(Require));
+    }
+
+    #[test]
+    fn loopback_addresses() {
+        for a in ["127.0.0.1:10809", "localhost:1", "[::1]:10809", "unix:/tmp/s", "127.1.2.3:5"] {
+            assert!(is_loopback(a), "{a}");
+        }
+        for a in ["0.0.0.0:10809", "10.0.0.1:10809", "[::]:1", "example.com:10809"] {
+            assert!(!is_loopback(a), "{a}");
+        }
+    }
+}
