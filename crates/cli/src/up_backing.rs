@@ -191,11 +191,18 @@ impl SwapExports {
 }
 
 impl Exports for SwapExports {
-    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
+    fn list(&self) -> BoxFuture<'_, Result<Vec<blizzard_nbd::Listed>, VolumeError>> {
         async move { self.current()?.list().await }.boxed()
     }
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
         async move { self.current()?.open(name).await }.boxed()
+    }
+
+    fn access<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<blizzard_volume::access::AccessEntry>, VolumeError>> {
+        async move { self.current()?.access(name).await }.boxed()
     }
 }

@@ -9,6 +9,7 @@ use clap::Subcommand;
 use blizzard_core::units::format_size;
 use blizzard_core::Placement;
 use blizzard_env::Env;
+use blizzard_volume::access::AccessChange;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, S3Spec, VolumeSpec};
 
 use crate::{connect, mode, policy, size};
@@ -94,6 +95,27 @@ pub(crate) enum VolumeCmd {
         name: String,
         #[arg(long, value_parser = size)]
         size: u64,
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        meta: String,
+    },
+    /// Who may use a volume over NBD: clients by the name in their
+    /// certificate (from the cluster's CA, verified over TLS), each
+    /// read-write or read-only. An empty list (the default) lets every
+    /// client in; a list with names lets in only those (its snapshots
+    /// too). Without --allow or --deny, shows the list. Like resize, stop
+    /// the server that holds the volume first.
+    Access {
+        name: String,
+        /// Let this identity use the volume (or change its entry).
+        #[arg(long, value_name = "ID", conflicts_with = "deny")]
+        allow: Option<String>,
+        /// With --allow: reads only (NBD_FLAG_READ_ONLY, writes refused
+        /// with EPERM).
+        #[arg(long, requires = "allow")]
+        read_only: bool,
+        /// Take this identity off the list.
+        #[arg(long, value_name = "ID")]
+        deny: Option<String>,
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
     },
@@ -320,6 +342,21 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                 None => println!("held by      nobody (no process has it open for writing)"),
             }
         }
+        VolumeCmd::Access { name, allow, read_only, deny, meta } => {
+            let client = connect(&env, &meta).await?;
+            let change = match (allow, deny) {
+                (Some(identity), None) => Some(AccessChange::Allow { identity, read_only }),
+                (None, Some(identity)) => Some(AccessChange::Deny { identity }),
+                _ => None,
+            };
+            let list = match change {
+                Some(c) => manage::set_access(env, &client, &name, &c)
+                    .await
+                    .with_context(|| format!("cannot change who may use volume {name:?}"))?,
+                None => manage::info(&client, &name).await?.access,
+            };
+            print_access(&list);
+        }
         VolumeCmd::Resize { name, size, meta } => {
             let client = connect(&env, &meta).await?;
             print_volume(&manage::resize(env, &client, &name, size).await?);
@@ -442,9 +479,23 @@ async fn print_s3_state(env: &Env, sb: &blizzard_volume::Superblock) {
     }
 }
 
+/// A volume's access list, one line per identity.
+fn print_access(list: &[blizzard_volume::access::AccessEntry]) {
+    if list.is_empty() {
+        println!("access       every client (no list): `blizzard volume access NAME --allow ID` limits it");
+        return;
+    }
+    for (i, e) in list.iter().enumerate() {
+        let what = if e.read_only { "read-only" } else { "read-write" };
+        println!("{:<13}{} {what}", if i == 0 { "access" } else { "" }, e.identity);
+    }
+    println!("             (anyone else, and clients without a certificate, are refused)");
+}
+
 pub(crate) fn print_volume(sb: &blizzard_volume::Superblock) {
     println!("volume       {}", sb.name);
     println!("size         {} ({} bytes)", format_size(sb.size_bytes), sb.size_bytes);
+    print_access(&sb.access);
     if let Some(s3) = sb.backend.s3() {
         println!("backend      s3: an LSVD volume (design 0008), a log of objects under {}", s3.url);
         println!(

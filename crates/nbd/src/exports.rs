@@ -18,16 +18,33 @@ use tokio::sync::OnceCell;
 
 use blizzard_client::Client;
 use blizzard_env::Env;
+use blizzard_volume::access::AccessEntry;
 use blizzard_volume::lease::Writer;
 use blizzard_volume::{manage, PlantedBug, Volume, VolumeError};
 
+/// An export as NBD_OPT_LIST sees it: its name, and who may use it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub name: String,
+    /// Its volume's access list (`blizzard_volume::access`); empty: open
+    /// to every client.
+    pub access: Vec<AccessEntry>,
+}
+
 /// The set of exports: names, and how to open one.
 pub trait Exports: Send + Sync + 'static {
-    /// Every export's name (for NBD_OPT_LIST).
-    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>>;
+    /// Every export (for NBD_OPT_LIST).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, VolumeError>>;
     /// Opens the export called `name` (`VolumeError::NotFound` if there is
     /// none). The registry calls it at most once per name at a time.
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>>;
+    /// The access list of export `name`, read without opening it (a
+    /// client that may not use a volume must not make the server take its
+    /// lease). Default: open to all.
+    fn access<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<AccessEntry>, VolumeError>> {
+        let _ = name;
+        futures::future::ready(Ok(Vec::new())).boxed()
+    }
 }
 
 /// How long NBD_OPT_LIST waits for an S3 volume's store to list its
@@ -73,7 +90,9 @@ impl ClientExports {
 
 impl Exports for ClientExports {
     /// Every volume, and every snapshot of an S3 volume as `NAME@SNAP`.
-    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
+    /// Every volume, and every snapshot of an S3 volume as `NAME@SNAP`
+    /// (with its volume's access list).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, VolumeError>> {
         async move {
             let mut out = Vec::new();
             for sb in manage::list(&self.client).await? {
@@ -83,12 +102,25 @@ impl Exports for ClientExports {
                     let snaps =
                         self.env.timeout(LIST_SNAPSHOTS_WAIT, blizzard_volume::lsvd::snapshots(&sb)).await;
                     if let Ok(Ok((snaps, _))) = snaps {
-                        out.extend(snaps.into_iter().map(|s| format!("{}@{}", sb.name, s.name)));
+                        out.extend(snaps.into_iter().map(|s| Listed {
+                            name: format!("{}@{}", sb.name, s.name),
+                            access: sb.access.clone(),
+                        }));
                     }
                 }
-                out.push(sb.name);
+                out.push(Listed { name: sb.name, access: sb.access });
             }
             Ok(out)
+        }
+        .boxed()
+    }
+
+    /// The volume's list, from its superblock (a snapshot's is its
+    /// volume's).
+    fn access<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<AccessEntry>, VolumeError>> {
+        async move {
+            let volume = name.split_once('@').map_or(name, |(v, _)| v);
+            Ok(manage::info(&self.client, volume).await?.access)
         }
         .boxed()
     }
@@ -131,8 +163,18 @@ impl Registry {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) async fn list(&self) -> Result<Vec<String>, VolumeError> {
+    pub(crate) async fn list(&self) -> Result<Vec<Listed>, VolumeError> {
         self.exports.list().await
+    }
+
+    /// The access list of export `name`: the open volume's if it is open,
+    /// else read from the cluster without opening it.
+    pub(crate) async fn access(&self, name: &str) -> Result<Vec<AccessEntry>, VolumeError> {
+        let open = self.lock().get(name).and_then(|s| s.get().cloned());
+        match open {
+            Some(v) => Ok(v.superblock().access.clone()),
+            None => self.exports.access(name).await,
+        }
     }
 
     /// The open volume called `name`, opening it on first use. Concurrent

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, warn};
 
+use blizzard_volume::access::{self, Access};
 use blizzard_volume::{CommitMode, Volume, VolumeError};
 
 use crate::proto::*;
@@ -36,6 +37,9 @@ pub(crate) struct Negotiated {
     pub(crate) name: String,
     pub(crate) volume: Arc<Volume>,
     pub(crate) session: Session,
+    /// This client may only read: the volume is read-only, or its access
+    /// list says so for this client.
+    pub(crate) read_only: bool,
 }
 
 /// Transmission flags for an export. DF only when structured replies were
@@ -98,6 +102,8 @@ struct Haggle<'a, S> {
     shared: &'a Shared,
     peer: &'a str,
     tls: TlsState,
+    /// The client's verified identity (its certificate's name), if any.
+    client: Option<&'a str>,
     structured: bool,
     /// The last SET_META_CONTEXT: the export it named (resolved) and whether
     /// it selected `base:allocation`.
@@ -123,7 +129,8 @@ where
 {
     s.write_all(&encode_greeting()).await?;
     s.flush().await?;
-    let mut h = Haggle { s, shared, peer, tls: TlsState::of(None), structured: false, meta: None };
+    let mut h =
+        Haggle { s, shared, peer, tls: TlsState::of(None), client: None, structured: false, meta: None };
     let mut flags = [0u8; 4];
     h.read_exact(&mut flags).await?;
     let cf =
@@ -133,18 +140,19 @@ where
 
 /// Runs the option haggling on `s`, under the TLS state `tls` (options
 /// negotiated before a STARTTLS do not carry over: each call starts
-/// fresh).
+/// fresh), for a client whose verified identity is `client`.
 pub(crate) async fn negotiate<S>(
     s: &mut S,
     shared: &Shared,
     peer: &str,
     no_zeroes: bool,
     tls: TlsState,
+    client: Option<&str>,
 ) -> Result<Outcome, ConnError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut h = Haggle { s, shared, peer, tls, structured: false, meta: None };
+    let mut h = Haggle { s, shared, peer, tls, client, structured: false, meta: None };
     loop {
         let mut hdr = [0u8; OPTION_HEADER_LEN];
         h.read_exact(&mut hdr).await?;
@@ -229,15 +237,51 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
         }
     }
 
+    /// What the export's access list grants this client (checked before
+    /// the volume is opened); `Err` with the reason if it cannot be read.
+    /// (`&mut self`: a `&Haggle` held across the await would need the
+    /// stream to be `Sync`.)
+    async fn access(&mut self, name: &str) -> Result<Access, VolumeError> {
+        let list = self.shared.registry.access(name).await?;
+        Ok(access::check(&list, self.client))
+    }
+
+    fn denied(&self, name: &str) -> String {
+        match self.client {
+            Some(c) => format!("client {c:?} may not use export {name:?} (its access list leaves it out)"),
+            None => format!(
+                "export {name:?} is open only to clients with a certificate its access list names: connect over TLS with one"
+            ),
+        }
+    }
+
     /// Opens the export `name` names, or answers the option with the error
-    /// (`None`).
-    async fn export(&mut self, option: u32, name: &str) -> Result<Option<(String, Arc<Volume>)>, ConnError> {
+    /// (`None`). Also says whether this client may only read it.
+    async fn export(
+        &mut self,
+        option: u32,
+        name: &str,
+    ) -> Result<Option<(String, Arc<Volume>, bool)>, ConnError> {
         let Some(resolved) = self.resolve(name) else {
             self.error(option, NBD_REP_ERR_UNKNOWN, "this server has no default export; name one").await?;
             return Ok(None);
         };
+        let acl_read_only = match self.access(&resolved).await {
+            Ok(Access::Denied) => {
+                warn!(peer = %self.peer, client = ?self.client, export = %resolved, "NBD client refused by the export's access list");
+                let msg = self.denied(&resolved);
+                self.error(option, NBD_REP_ERR_POLICY, &msg).await?;
+                return Ok(None);
+            }
+            Ok(a) => a == Access::ReadOnly,
+            // Unknown or unreadable: opening says which, below.
+            Err(_) => false,
+        };
         match self.shared.registry.get(&resolved).await {
-            Ok(v) => Ok(Some((resolved, v))),
+            Ok(v) => {
+                let ro = acl_read_only || v.is_read_only();
+                Ok(Some((resolved, v, ro)))
+            }
             Err(e) => {
                 if !matches!(e, VolumeError::NotFound(_)) {
                     warn!(peer = %self.peer, export = %resolved, error = %e, "cannot open volume");
@@ -268,15 +312,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 let Some(resolved) = self.resolve(&name) else {
                     return Err(ConnError::Export { name, reason: "no default export".into() });
                 };
+                // No error reply exists for EXPORT_NAME: a refusal ends
+                // the connection.
+                let acl_read_only = match self.access(&resolved).await {
+                    Ok(Access::Denied) => {
+                        return Err(ConnError::Export { reason: self.denied(&resolved), name: resolved })
+                    }
+                    Ok(a) => a == Access::ReadOnly,
+                    Err(_) => false,
+                };
                 let volume = match self.shared.registry.get(&resolved).await {
                     Ok(v) => v,
                     Err(e) => return Err(ConnError::Export { name: resolved, reason: e.to_string() }),
                 };
+                let read_only = acl_read_only || volume.is_read_only();
                 let session = self.session(&resolved, &volume);
-                let flags = transmission_flags(session.structured, volume.is_read_only());
+                let flags = transmission_flags(session.structured, read_only);
                 self.s.write_all(&encode_export_name_reply(session.size, flags, no_zeroes)).await?;
                 self.s.flush().await?;
-                Ok(Some(Outcome::Ready(Negotiated { name: resolved, volume, session })))
+                Ok(Some(Outcome::Ready(Negotiated { name: resolved, volume, session, read_only })))
             }
             ClientOption::Abort => {
                 // The client may already have gone; that is fine.
@@ -285,9 +339,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
             }
             ClientOption::List => {
                 match self.shared.registry.list().await {
-                    Ok(names) => {
-                        for n in names {
-                            self.reply(code, NBD_REP_SERVER, &encode_rep_server(&n, "")).await?;
+                    Ok(exports) => {
+                        // Only what this client may use.
+                        let client = self.client;
+                        let visible =
+                            exports.iter().filter(|e| access::check(&e.access, client) != Access::Denied);
+                        for e in visible {
+                            self.reply(code, NBD_REP_SERVER, &encode_rep_server(&e.name, "")).await?;
                         }
                         self.reply(code, NBD_REP_ACK, &[]).await?;
                     }
@@ -314,11 +372,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 Ok(Some(Outcome::StartTls))
             }
             ClientOption::Info(req) | ClientOption::Go(req) => {
-                let Some((name, volume)) = self.export(code, &req.name).await? else {
+                let Some((name, volume, read_only)) = self.export(code, &req.name).await? else {
                     return Ok(None);
                 };
                 let session = self.session(&name, &volume);
-                let flags = transmission_flags(session.structured, volume.is_read_only());
+                let flags = transmission_flags(session.structured, read_only);
                 self.reply(code, NBD_REP_INFO, &encode_info_export(session.size, flags)).await?;
                 if req.info.contains(&NBD_INFO_NAME) {
                     self.reply(code, NBD_REP_INFO, &encode_info_string(NBD_INFO_NAME, &name)).await?;
@@ -336,7 +394,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 self.reply(code, NBD_REP_INFO, &bs).await?;
                 self.reply(code, NBD_REP_ACK, &[]).await?;
                 if code == NBD_OPT_GO {
-                    return Ok(Some(Outcome::Ready(Negotiated { name, volume, session })));
+                    return Ok(Some(Outcome::Ready(Negotiated { name, volume, session, read_only })));
                 }
                 Ok(None)
             }
@@ -368,7 +426,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                     self.error(code, NBD_REP_ERR_INVALID, msg).await?;
                     return Ok(None);
                 }
-                let Some((name, _)) = self.export(code, &m.export).await? else {
+                let Some((name, _, _)) = self.export(code, &m.export).await? else {
                     return Ok(None);
                 };
                 // Only the exact name selects; `base:` must be ignored here,

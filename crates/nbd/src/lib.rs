@@ -39,7 +39,7 @@ pub mod upgrade;
 
 use std::time::Duration;
 
-pub use exports::{ClientExports, Exports, OpenMode};
+pub use exports::{ClientExports, Exports, Listed, OpenMode};
 pub use server::Server;
 pub use tls::NbdTls;
 

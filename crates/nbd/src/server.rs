@@ -489,8 +489,10 @@ async fn negotiate(
     let mut stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, stream);
     let no_zeroes = handshake::greet(&mut stream, shared, peer).await?;
     let mut state = TlsState::of(shared.cfg.tls.as_ref());
+    // The name a verified client certificate gives (access lists name it).
+    let mut client: Option<String> = None;
     loop {
-        match handshake::negotiate(&mut stream, shared, peer, no_zeroes, state).await? {
+        match handshake::negotiate(&mut stream, shared, peer, no_zeroes, state, client.as_deref()).await? {
             Outcome::Aborted => return Ok(None),
             Outcome::Ready(n) => {
                 let leftover = stream.buffer().to_vec();
@@ -515,6 +517,7 @@ async fn negotiate(
                     }
                     None => debug!(%peer, "NBD client upgraded to TLS without a certificate"),
                 }
+                client = identity.map(|id| id.name).filter(|n| !n.is_empty());
                 stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, inner);
                 state.active = true;
             }
@@ -538,7 +541,7 @@ async fn transmit(
         }
         Ok(Served::Parked { stream, leftover }) => {
             debug!(%peer, leftover = leftover.len(), "NBD connection parked for a hand-over");
-            let flags = handshake::transmission_flags(n.session.structured, n.volume.is_read_only());
+            let flags = handshake::transmission_flags(n.session.structured, n.read_only);
             Some(Parked { stream, leftover, peer, export: n.name, session: n.session, flags, tls })
         }
         Err(e) => {
@@ -579,13 +582,16 @@ async fn resume(p: Parked, shared: Arc<Shared>) -> Option<Parked> {
             return None;
         }
     };
-    let flags = handshake::transmission_flags(p.session.structured, volume.is_read_only());
+    // Read-only if the volume is, or if the client was told so (its
+    // access list said so where it negotiated).
+    let read_only = volume.is_read_only() || p.flags & proto::NBD_FLAG_READ_ONLY != 0;
+    let flags = handshake::transmission_flags(p.session.structured, read_only);
     if flags != p.flags {
         error!(peer = %p.peer, export = %p.export, told = p.flags, now = flags, "a resumed NBD connection was told other transmission flags than this server would give (read-only differs?); closing it");
         return None;
     }
     debug!(peer = %p.peer, export = %p.export, "NBD connection resumed");
-    let n = Negotiated { name: p.export, volume, session: p.session };
+    let n = Negotiated { name: p.export, volume, session: p.session, read_only };
     transmit(p.stream, p.leftover, n, p.tls, p.peer, shared).await
 }
 

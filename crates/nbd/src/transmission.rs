@@ -390,7 +390,7 @@ async fn read_requests<R: AsyncBufReadExt + Unpin>(
     let session = n.session;
     // Fixed when the volume was opened: a read-only export refuses changes
     // before they reach it.
-    let read_only = n.volume.is_read_only();
+    let read_only = n.read_only;
     // Everything the reader waits on is raced against these two.
     let stop = async {
         tokio::select! {

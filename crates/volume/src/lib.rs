@@ -20,6 +20,7 @@
 //! - `lsvd`: S3 volumes (design 0008): an LSVD volume behind the same
 //!   [`Volume`] handle, its blob holding only the record.
 
+pub mod access;
 pub mod cache;
 mod extent_io;
 pub mod fast_ack;

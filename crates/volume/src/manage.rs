@@ -250,6 +250,24 @@ pub async fn resize(
     Ok(sb)
 }
 
+/// Changes who may use volume `name` (`crate::access`; design 0010) and
+/// returns the list now in force. Like a resize it opens the volume, so a
+/// volume another process holds is refused, naming the holder: the
+/// server that exports it checks the list from its superblock at each
+/// client's negotiation, and stopping it (or the next start) is what
+/// lets the list change.
+pub async fn set_access(
+    env: Env,
+    client: &Client,
+    name: &str,
+    change: &crate::access::AccessChange,
+) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
+    let mut v = open(env, client, name).await?;
+    let r = v.set_access(change).await;
+    v.close().await?;
+    r
+}
+
 /// Deletes a volume and frees its space: an S3 volume's objects and
 /// cache first, then its record. A volume another process holds is
 /// refused, naming the holder.

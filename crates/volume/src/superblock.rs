@@ -4,15 +4,18 @@
 
 use blizzard_core::crc::crc32c;
 
+use crate::access::{check_identity, AccessEntry, ACCESS_ENTRIES_MAX, IDENTITY_LEN_MAX};
+
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZVOLUM";
 /// The newest format this build reads. Format 1 is a volume in its blob
 /// whose log (if any) is in one extent; format 2 a log whose resizes moved
 /// its checkpoints (several log extents); format 3 a volume whose data is
 /// elsewhere (an LSVD volume in an object store: [`Backend::S3`]), the blob
-/// holding only this record. Each is written with the lowest format that
+/// holding only this record; format 4 a volume with an access list
+/// (`crate::access`). Each is written with the lowest format that
 /// holds it, so older builds refuse what they cannot serve by version
 /// instead of misreading it, and read everything else as before.
-pub const SUPERBLOCK_FORMAT: u32 = 3;
+pub const SUPERBLOCK_FORMAT: u32 = 4;
 /// Most extents a log's physical blocks may span (each resize that moves
 /// the checkpoints adds one); bounds what decoding allocates.
 pub const LOG_EXTENTS_MAX: usize = 64;
@@ -192,6 +195,8 @@ pub struct Superblock {
     pub log: Option<LogGeometry>,
     /// Where the data lives (format 3 for anything but the blob).
     pub backend: Backend,
+    /// Who may use the volume (format 4 when not empty; `access`).
+    pub access: Vec<AccessEntry>,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -306,13 +311,26 @@ impl Superblock {
                 }
             }
         }
-        if let Backend::S3(b) = &self.backend {
-            // Format 3 only: older builds stop at the version.
-            e.u8(1);
-            e.0.extend_from_slice(&b.uuid.to_le_bytes());
-            e.u64(b.cache_bytes);
-            e.str(&b.url, S3_URL_LEN_MAX);
-            e.str(&b.cache_dir, CACHE_DIR_LEN_MAX);
+        let format = self.format();
+        match &self.backend {
+            // Formats 3 and 4: older builds stop at the version.
+            Backend::S3(b) => {
+                e.u8(1);
+                e.0.extend_from_slice(&b.uuid.to_le_bytes());
+                e.u64(b.cache_bytes);
+                e.str(&b.url, S3_URL_LEN_MAX);
+                e.str(&b.cache_dir, CACHE_DIR_LEN_MAX);
+            }
+            Backend::Blob if format >= 4 => e.u8(0),
+            Backend::Blob => {}
+        }
+        if format >= 4 {
+            let n = self.access.len().min(ACCESS_ENTRIES_MAX);
+            e.u8(n as u8);
+            for a in &self.access[..n] {
+                e.str(&a.identity, IDENTITY_LEN_MAX);
+                e.u8(if a.read_only { 2 } else { 1 });
+            }
         }
         let body_len = e.0.len();
         let mut b = e.0;
@@ -389,6 +407,7 @@ impl Superblock {
         };
         let backend = if format >= 3 {
             match d.u8()? {
+                0 if format >= 4 => Backend::Blob,
                 1 => {
                     let uuid = u128::from_le_bytes(
                         d.take(16)?.try_into().map_err(|_| SuperblockError::Field("backend"))?,
@@ -406,6 +425,29 @@ impl Superblock {
         } else {
             Backend::Blob
         };
+        let mut access = Vec::new();
+        if format >= 4 {
+            let n = d.u8()? as usize;
+            // Bounded before reading; an empty list is written as format 3
+            // or lower.
+            if n == 0 || n > ACCESS_ENTRIES_MAX {
+                return Err(SuperblockError::Field("access"));
+            }
+            for _ in 0..n {
+                let identity = d.str(IDENTITY_LEN_MAX, "access identity")?;
+                let read_only = match d.u8()? {
+                    1 => false,
+                    2 => true,
+                    _ => return Err(SuperblockError::Field("access mode")),
+                };
+                if check_identity(&identity).is_err()
+                    || access.iter().any(|a: &AccessEntry| a.identity == identity)
+                {
+                    return Err(SuperblockError::Field("access identity"));
+                }
+                access.push(AccessEntry { identity, read_only });
+            }
+        }
         if block_size == 0 || !block_size.is_power_of_two() || segment_tracts == 0 || replication == 0 {
             return Err(SuperblockError::Field("geometry"));
         }
@@ -422,12 +464,16 @@ impl Superblock {
             created_unix_s,
             log,
             backend,
+            access,
         }))
     }
 
-    /// The format this superblock needs: 3 for data outside the blob, 2
-    /// for a log in several extents, else 1.
+    /// The format this superblock needs: 4 with an access list, 3 for data
+    /// outside the blob, 2 for a log in several extents, else 1.
     pub fn format(&self) -> u32 {
+        if !self.access.is_empty() {
+            return 4;
+        }
         match (&self.backend, &self.log) {
             (Backend::S3(_), _) => 3,
             (Backend::Blob, Some(l)) if l.extents.len() > 1 => 2,
@@ -478,6 +524,7 @@ mod tests {
                 extents: vec![LogExtent { first_tract: 5, blocks: 200_000 }],
             }),
             backend: Backend::Blob,
+            access: Vec::new(),
         }
     }
 
@@ -557,6 +604,54 @@ mod tests {
         // A log and an object store at once.
         let both = Superblock { log: sample().log, ..s.clone() };
         assert_eq!(Superblock::decode(&both.encode()), Err(SuperblockError::Field("backend")));
+        Ok(())
+    }
+
+    /// An access list makes format 4, for a blob volume (a backend tag of
+    /// 0) and an S3 one alike; without one nothing changes (the golden
+    /// bytes above). The list's bounds are checked before it is read.
+    #[test]
+    fn access_lists_round_trip_as_format_4_and_bounds() -> Result<(), SuperblockError> {
+        let list = vec![
+            AccessEntry { identity: "alice".into(), read_only: false },
+            AccessEntry { identity: "bob".into(), read_only: true },
+        ];
+        for base in [sample(), s3_sample()] {
+            let before = base.format();
+            assert!(before <= 3);
+            let s = Superblock { access: list.clone(), ..base };
+            assert_eq!(s.format(), 4);
+            let a = s.encode();
+            assert_eq!(&a[8..12], &4u32.to_le_bytes());
+            assert_eq!(Superblock::decode(&a)?, Some(s.clone()));
+            // The most entries of the longest identities still fit a copy
+            // next to the longest S3 record.
+            let full: Vec<_> = (0..ACCESS_ENTRIES_MAX)
+                .map(|i| AccessEntry { identity: format!("{i:0>64}"), read_only: i % 2 == 0 })
+                .collect();
+            let mut big = Superblock { access: full, ..s.clone() };
+            if let Backend::S3(b) = &mut big.backend {
+                b.url = "u".repeat(S3_URL_LEN_MAX);
+                b.cache_dir = "d".repeat(CACHE_DIR_LEN_MAX);
+            }
+            big.name = "n".repeat(NAME_LEN_MAX);
+            assert_eq!(Superblock::decode(&big.encode())?, Some(big.clone()));
+            // The count past its bound, an unknown mode, a duplicate.
+            let at = a.windows(5).position(|w| w == b"alice").ok_or(SuperblockError::Field("test"))? - 3;
+            assert_eq!(a[at], 2);
+            for (count, want) in [(0u8, "access"), (ACCESS_ENTRIES_MAX as u8 + 1, "access")] {
+                let mut bad = a.clone();
+                bad[at] = count;
+                reseal(&mut bad);
+                assert_eq!(Superblock::decode(&bad), Err(SuperblockError::Field(want)));
+            }
+            let mut bad = a.clone();
+            bad[at + 3 + 5] = 9;
+            reseal(&mut bad);
+            assert_eq!(Superblock::decode(&bad), Err(SuperblockError::Field("access mode")));
+            let dup = Superblock { access: vec![list[0].clone(), list[0].clone()], ..s.clone() };
+            assert_eq!(Superblock::decode(&dup.encode()), Err(SuperblockError::Field("access identity")));
+        }
         Ok(())
     }
 

@@ -253,6 +253,7 @@ impl Volume {
                 .unwrap_or(0),
             log: None,
             backend: crate::Backend::Blob,
+            access: Vec::new(),
         };
         if sb.mode == CommitMode::Log {
             let geom = LogGeom::plan(sb.size_bytes, sb.block_size as u64, io.tract_size() as u64)?;
@@ -586,6 +587,26 @@ impl Volume {
         }
         self.sb = sb;
         Ok(())
+    }
+
+    /// Changes who may use the volume (`crate::access`). The superblock
+    /// write is the switch, as for a resize; returns the list now in force.
+    pub async fn set_access(
+        &mut self,
+        change: &crate::access::AccessChange,
+    ) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
+        if self.read_only {
+            return Err(VolumeError::Unsupported("this volume was opened read-only".into()));
+        }
+        if matches!(self.engine, Engine::Snapshot(_)) {
+            return Err(VolumeError::Unsupported("a snapshot has its volume's access list".into()));
+        }
+        let mut sb = self.sb.clone();
+        sb.access = crate::access::apply(&sb.access, change).map_err(VolumeError::Invalid)?;
+        sb.generation += 1;
+        Self::write_superblock(&self.io, &sb).await?;
+        self.sb = sb;
+        Ok(self.sb.access.clone())
     }
 
     pub fn superblock(&self) -> &Superblock {

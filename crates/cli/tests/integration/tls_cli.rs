@@ -123,6 +123,43 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
     );
     let out = Command::new(&nbdinfo).arg(format!("nbd://{addr}/disk")).output().unwrap();
     assert!(!out.status.success(), "a plain client was served under --tls require");
+
+    // Access lists: a second volume limited to alice is hidden from up's
+    // own client certificate ("blizzard-up-client") until it is allowed
+    // too, read-only; the served volume's list cannot change under it.
+    let ok = |args: &[&str]| {
+        let (ok, text) = blizzard(args);
+        assert!(ok, "blizzard {args:?}:\n{text}");
+        text
+    };
+    ok(&["volume", "create", "v2", "--size", "8MiB", "--meta", &meta]);
+    let text = ok(&["volume", "access", "v2", "--meta", &meta]);
+    assert!(text.contains("every client"), "{text}");
+    ok(&["volume", "access", "v2", "--allow", "alice", "--meta", &meta]);
+    let list = |uri: &str| {
+        let out = Command::new(&nbdinfo).args(["--list", uri]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let all = format!("nbds://{addr}/?tls-certificates={}", client.display());
+    let seen = list(&all);
+    assert!(seen.contains("\"disk\"") && !seen.contains("\"v2\""), "{seen}");
+    let text =
+        ok(&["volume", "access", "v2", "--allow", "blizzard-up-client", "--read-only", "--meta", &meta]);
+    assert!(text.contains("alice read-write") && text.contains("blizzard-up-client read-only"), "{text}");
+    let info = ok(&["volume", "info", "v2", "--meta", &meta]);
+    assert!(info.contains("blizzard-up-client read-only"), "{info}");
+    let (succeeded, text) = blizzard(&["volume", "access", "v2", "--deny", "bob", "--meta", &meta]);
+    assert!(!succeeded && text.contains("not in the volume's access list"), "{text}");
+    let v2 = format!("nbds://{addr}/v2?tls-certificates={}", client.display());
+    let out = Command::new(&nbdinfo).arg(&v2).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("is_read_only: true"), "{text}");
+    // Served now (nbdinfo opened it), as the default volume is: the list
+    // stays as it is until the server lets the volume go.
+    for v in ["v2", "disk"] {
+        let (succeeded, text) = blizzard(&["volume", "access", v, "--allow", "bob", "--meta", &meta]);
+        assert!(!succeeded && text.contains("open for writing by"), "{text}");
+    }
     assert!(up.interrupt());
     assert!(up.wait_exit(Duration::from_secs(60)).success(), "{}", up.tail());
 }

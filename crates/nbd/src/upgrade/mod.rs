@@ -525,7 +525,10 @@ async fn open_all(shared: &Shared, wants: &[(String, bool, u16)]) -> Result<(), 
         let v = open_waiting(shared, export)
             .await
             .map_err(|error| UpgradeError::Volume { name: export.clone(), error: Box::new(error) })?;
-        let now = handshake::transmission_flags(*structured, v.is_read_only());
+        // Read-only as the volume is, or as the client was told (an access
+        // list can make one client read-only on a writable volume).
+        let read_only = v.is_read_only() || told & crate::proto::NBD_FLAG_READ_ONLY != 0;
+        let now = handshake::transmission_flags(*structured, read_only);
         if now != *told {
             return Err(UpgradeError::Flags { told: *told, now });
         }

@@ -51,8 +51,12 @@ struct ReadOnlyExports {
 }
 
 impl Exports for ReadOnlyExports {
-    fn list(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
-        async move { Ok(manage::list(&self.client).await?.into_iter().map(|sb| sb.name).collect()) }.boxed()
+    fn list(&self) -> BoxFuture<'_, Result<Vec<blizzard_nbd::Listed>, VolumeError>> {
+        async move {
+            let all = manage::list(&self.client).await?;
+            Ok(all.into_iter().map(|sb| blizzard_nbd::Listed { name: sb.name, access: sb.access }).collect())
+        }
+        .boxed()
     }
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {

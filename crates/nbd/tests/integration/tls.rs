@@ -44,6 +44,10 @@ impl Certs {
         issue(&root.join("ca"), &server, &root.join("server"), now).unwrap();
         let client = Issue { name: "alice".into(), role: Role::Client, hosts: vec![] };
         issue(&root.join("ca"), &client, &root.join("client"), now).unwrap();
+        for name in ["bob", "carol"] {
+            let c = Issue { name: name.into(), role: Role::Client, hosts: vec![] };
+            issue(&root.join("ca"), &c, &root.join(name), now).unwrap();
+        }
         std::fs::create_dir(root.join("anon")).unwrap();
         std::fs::copy(root.join("ca/ca-cert.pem"), root.join("anon/ca-cert.pem")).unwrap();
         blizzard_tls::init_ca(&root.join("other-ca"), "test CA", now).unwrap();
@@ -377,4 +381,91 @@ async fn a_tls_connection_refuses_a_hand_over_and_keeps_its_disk() -> R {
     drop((tls, plain));
     fx.stop().await;
     Ok(())
+}
+
+/// Sends one 4 KiB write and returns its reply's errno.
+async fn write_errno(s: &mut BoxStream, offset: u64) -> u32 {
+    let w = Request { flags: 0, command: NBD_CMD_WRITE, cookie: 9, offset, len: 4096 };
+    let mut b = w.encode().to_vec();
+    b.extend_from_slice(&[0xee; 4096]);
+    send_raw(s, &b).await;
+    let mut rep = [0u8; SIMPLE_REPLY_LEN];
+    s.read_exact(&mut rep).await.unwrap();
+    u32::from_be_bytes([rep[4], rep[5], rep[6], rep[7]])
+}
+
+/// An export with an access list (alice read-write, bob read-only) is
+/// listed and opened only for them: carol (a certificate from the same
+/// CA, not on the list) and clients without a certificate do not see it
+/// and get NBD_REP_ERR_POLICY; bob is told READ_ONLY and his writes fail
+/// with EPERM. An export without a list stays open to all. The list
+/// cannot change while the server holds the volume.
+#[test]
+fn access_lists_decide_who_sees_and_writes_an_export() {
+    use blizzard_volume::access::AccessChange;
+    need("nbdinfo", "libnbd-bin");
+    let certs = Certs::new();
+    let rt = rt();
+    let fx = rt.block_on(async {
+        // The list is set before the server starts (it holds no volume
+        // yet either way: volumes open at a client's first use).
+        let fx =
+            start(&vols(), NbdConfig { tls: Some(certs.server_tls(false, false)), ..NbdConfig::default() })
+                .await;
+        for (id, ro) in [("alice", false), ("bob", true)] {
+            let c = AccessChange::Allow { identity: id.into(), read_only: ro };
+            blizzard_volume::manage::set_access(fx.env.clone(), &fx.client, "disk", &c).await.unwrap();
+        }
+        fx
+    });
+    let list = |dir: &str| run("nbdinfo", &["--list", &nbds(&fx.addr, "", &certs.dir(dir))]);
+    let (alice, carol) = (list("client"), list("carol"));
+    assert!(alice.contains("\"disk\"") && alice.contains("\"copy\""), "{alice}");
+    assert!(!carol.contains("\"disk\"") && carol.contains("\"copy\""), "{carol}");
+    let plain = run("nbdinfo", &["--list", &format!("nbd://{}", fx.addr)]);
+    assert!(!plain.contains("\"disk\"") && plain.contains("\"copy\""), "{plain}");
+    let bob = run("nbdinfo", &[&nbds(&fx.addr, "disk", &certs.dir("bob"))]);
+    assert!(bob.contains("is_read_only: true"), "{bob}");
+    fails("nbdinfo", &[&nbds(&fx.addr, "disk", &certs.dir("carol"))]);
+    rt.block_on(async {
+        // Refused: carol, a TLS client without a certificate, a plain
+        // client; EXPORT_NAME ends the connection.
+        for who in [Some("carol"), Some("anon"), None] {
+            let mut s = match who {
+                Some(d) => start_tls(raw(&fx.addr).await, &certs.dir(d)).await.unwrap(),
+                None => raw(&fx.addr).await,
+            };
+            let (last, _) = go(&mut s, "disk").await;
+            assert_eq!(last, NBD_REP_ERR_POLICY, "{who:?}");
+            // The open export is still open to them.
+            assert_eq!(go(&mut s, "copy").await.0, NBD_REP_ACK, "{who:?}");
+        }
+        let mut s = start_tls(raw(&fx.addr).await, &certs.dir("carol")).await.unwrap();
+        send_raw_option(&mut s, NBD_OPT_EXPORT_NAME, b"disk").await;
+        assert!(closed_by_server(&mut s).await);
+        // alice writes; bob reads it and cannot write.
+        let mut a = start_tls(raw(&fx.addr).await, &certs.dir("client")).await.unwrap();
+        let (last, flags) = go(&mut a, "disk").await;
+        assert_eq!((last, flags & NBD_FLAG_READ_ONLY), (NBD_REP_ACK, 0));
+        write_then_read(&mut a, 0, 5).await;
+        let mut b = start_tls(raw(&fx.addr).await, &certs.dir("bob")).await.unwrap();
+        let (last, flags) = go(&mut b, "disk").await;
+        assert_eq!(last, NBD_REP_ACK);
+        assert_ne!(flags & NBD_FLAG_READ_ONLY, 0, "{flags:#x}");
+        assert_eq!(write_errno(&mut b, 0).await, NBD_EPERM);
+        let r = Request { flags: 0, command: NBD_CMD_READ, cookie: 3, offset: 0, len: 4096 };
+        send_raw(&mut b, &r.encode()).await;
+        let mut rep = [0u8; SIMPLE_REPLY_LEN];
+        b.read_exact(&mut rep).await.unwrap();
+        assert_eq!(&rep[4..8], &[0, 0, 0, 0]);
+        let mut got = vec![0u8; 4096];
+        b.read_exact(&mut got).await.unwrap();
+        assert!(got == pattern(0, 4096, 5), "bob reads what alice wrote");
+        // While the server holds the volume, the list cannot change.
+        let c = AccessChange::Deny { identity: "bob".into() };
+        let e = blizzard_volume::manage::set_access(fx.env.clone(), &fx.client, "disk", &c).await;
+        assert!(matches!(e, Err(blizzard_volume::VolumeError::Held { .. })), "{e:?}");
+        drop((a, b));
+    });
+    rt.block_on(fx.stop());
 }

@@ -176,6 +176,8 @@ fn record(spec: &VolumeSpec, s3: &S3Spec, uuid: u128, replication: u8, created_u
             cache_dir: s3.cache_dir.to_string_lossy().into_owned(),
             cache_bytes: s3.cache_bytes,
         }),
+        // A clone starts open to all, as a new volume does.
+        access: Vec::new(),
     }
 }
 
