@@ -34,7 +34,8 @@ pub(crate) struct TlsArgs {
     pub(crate) tls_certificates: Option<PathBuf>,
     /// off, on (offered; plain clients still served) or require. Default:
     /// with certificates, on for a loopback address or a unix socket and
-    /// require for any other; without, off.
+    /// require for any other; without, off on loopback or a unix socket,
+    /// and any other address is refused unless --tls off is given.
     #[arg(long, value_enum)]
     pub(crate) tls: Option<TlsMode>,
     /// Every TLS client must present a certificate signed by the CA in
@@ -66,7 +67,11 @@ pub(crate) fn decide(asked: Option<TlsMode>, have_certs: bool, loopback: bool) -
         )),
         (None, true) if loopback => Ok(TlsMode::On),
         (None, true) => Ok(TlsMode::Require),
-        (None, false) => Ok(TlsMode::Off),
+        (None, false) if loopback => Ok(TlsMode::Off),
+        // Reachable from other hosts: plain NBD only when asked for.
+        (None, false) => Err(
+            "an address other hosts can reach needs TLS: give --tls-certificates DIR (`blizzard ca init` and `blizzard ca issue NAME --role nbd` make one), or --tls off to serve plain NBD there anyway".into(),
+        ),
     }
 }
 
@@ -78,7 +83,8 @@ pub(crate) fn nbd_tls(
     certs: Option<&Path>,
     listen: &str,
 ) -> Result<Option<NbdTls>> {
-    let mode = decide(args.tls, certs.is_some(), is_loopback(listen)).map_err(anyhow::Error::msg)?;
+    let mode = decide(args.tls, certs.is_some(), is_loopback(listen))
+        .map_err(|e| anyhow::anyhow!("listening on {listen}: {e}"))?;
     if args.tls_verify_peer && mode == TlsMode::Off {
         bail!("--tls-verify-peer needs TLS: give --tls-certificates DIR (and not --tls off)");
     }
@@ -234,8 +240,9 @@ mod tests {
     #[test]
     fn the_default_mode_follows_the_address_and_the_certificates() {
         use TlsMode::*;
+        assert_eq!(decide(None, false, true), Ok(Off));
+        assert!(decide(None, false, false).is_err_and(|e| e.contains("--tls off")));
         for loopback in [false, true] {
-            assert_eq!(decide(None, false, loopback), Ok(Off));
             assert_eq!(decide(Some(Off), true, loopback), Ok(Off));
             assert_eq!(decide(Some(Off), false, loopback), Ok(Off));
             assert_eq!(decide(Some(On), true, loopback), Ok(On));

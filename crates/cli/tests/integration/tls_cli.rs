@@ -28,9 +28,13 @@ fn s(p: &Path) -> &str {
 /// dials the metadata server (none runs), with one error line saying
 /// `want`.
 fn refused(args: &[&str], want: &str) {
-    let port = free_port().to_string();
+    refused_on("127.0.0.1", args, want)
+}
+
+/// [`refused`], listening on `host`.
+fn refused_on(host: &str, args: &[&str], want: &str) {
     let meta = format!("127.0.0.1:{}", free_port());
-    let listen = format!("127.0.0.1:{port}");
+    let listen = format!("{host}:{}", free_port());
     let mut all = vec!["nbd", "--meta", &meta, "--listen", &listen];
     all.extend_from_slice(args);
     let (ok, text) = blizzard(&all);
@@ -76,6 +80,8 @@ fn ca_certificates_and_start_up_checks() {
     std::fs::copy(ca.join("alice/client-key.pem"), misuse.join("server-key.pem")).unwrap();
     refused(&["--tls-certificates", s(&misuse)], "is not a server certificate");
     refused(&["--tls", "require"], "needs certificates");
+    // Reachable from other hosts: TLS, or --tls off said out loud.
+    refused_on("0.0.0.0", &[], "--tls off");
     refused(&["--tls", "off", "--tls-verify-peer"], "--tls-verify-peer needs TLS");
 }
 
