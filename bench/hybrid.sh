@@ -42,6 +42,7 @@
 # RESULTS (a new /tmp dir), BUILD=1 rebuilds the release binary first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/up.sh
 ROOT=$PWD
 RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-512MiB}
@@ -184,17 +185,7 @@ UP=("$BIN" up --data "$WORK/data" --listen "unix:$WORK/nbd.sock" --meta-listen "
 echo "${UP[*]}" > "$RESULTS/blizzard.cmd"
 "${UP[@]}" > "$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
-deadline=$((SECONDS + 600))
-until grep -qs 'Ctrl-C (or SIGTERM) stops it cleanly' "$SERVER_LOG"; do
-    kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died while starting" >&2; exit 1; }
-    [ $SECONDS -lt $deadline ] || { echo "blizzard up not ready after 600 s" >&2; exit 1; }
-    sleep 0.2
-done
-until [ "$(grep -c 'zero-fill done' "$SERVER_LOG")" -ge "$(grep -c 'zero-filling the disk' "$SERVER_LOG")" ]; do
-    kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died while zero-filling" >&2; exit 1; }
-    [ $SECONDS -lt $deadline ] || { echo "zero-fill not done after 600 s" >&2; exit 1; }
-    sleep 0.5
-done
+wait_up "$SERVER_LOG" "$SERVER_PID" 600
 for v in hybrid hdd; do
     "$BIN" volume create "$v" --size "$SIZE_B" --replication 3 --placement "$v" --block-size 1MiB \
         --meta "$META" >> "$RESULTS/volume-create.log" 2>&1 || {

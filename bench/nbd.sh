@@ -53,6 +53,7 @@
 # write-through QD1 bound they set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/up.sh
 ROOT=$PWD
 RUNTIME=${RUNTIME:-10}
 SIZE=${SIZE:-1GiB}
@@ -197,18 +198,7 @@ start_server() { # name file-or-dir port
     "${SERVER_CMD[@]}" > "$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     if [[ $name == bz-* ]]; then
-        local deadline=$((SECONDS + 180))
-        until grep -qs 'Ctrl-C (or SIGTERM) stops it cleanly' "$SERVER_LOG"; do
-            kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died while starting; log:" >&2; tail -30 "$SERVER_LOG" >&2; exit 1; }
-            [ $SECONDS -lt "$deadline" ] || { echo "blizzard up not ready after 180 s" >&2; exit 1; }
-            sleep 0.2
-        done
-        # New disk files are zero-filled in the background (zero_fill.rs);
-        # rows measured while that runs would share the disk with it.
-        until [ "$(grep -c 'zero-fill done' "$SERVER_LOG")" -ge "$(grep -c 'zero-filling the disk' "$SERVER_LOG")" ]; do
-            [ $SECONDS -lt "$deadline" ] || { echo "zero-fill not done after 180 s" >&2; exit 1; }
-            sleep 0.5
-        done
+        wait_up "$SERVER_LOG" "$SERVER_PID" 180
     fi
     wait_nbd "nbd://127.0.0.1:$port/$EXPORT" "$SERVER_PID" 60
 }

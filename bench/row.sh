@@ -48,18 +48,8 @@ rm -rf "$DIR"
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$LOG"' EXIT
 
-deadline=$((SECONDS + 180))
-until grep -q 'stops it cleanly' "$LOG"; do
-    kill -0 $PID 2>/dev/null || { cat "$LOG" >&2; exit 1; }
-    [ $SECONDS -lt $deadline ] || { echo "bench/row.sh: server not ready after 180 s" >&2; exit 1; }
-    sleep 0.2
-done
-# New disk files are zero-filled in the background first (env::zero_fill;
-# builds before it log neither line).
-until [ "$(grep -c 'zero-fill done' "$LOG")" -ge "$(grep -c 'zero-filling the disk' "$LOG")" ]; do
-    [ $SECONDS -lt $deadline ] || { echo "bench/row.sh: zero-fill not done after 180 s" >&2; exit 1; }
-    sleep 0.5
-done
+. bench/lib/up.sh
+wait_up "$LOG" "$PID" 180
 if [ "$PREFILL" = 1 ]; then
     fio --name=prefill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size=1G > /dev/null
 fi

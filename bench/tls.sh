@@ -33,16 +33,8 @@ rm -rf "$DIR"
     --tractservers 4 --replication "$REPL" --size 1GiB --tls on > "$LOG" 2>&1 &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$LOG" "$RESULTS"' EXIT
-deadline=$((SECONDS + 180))
-until grep -q 'stops it cleanly' "$LOG"; do
-    kill -0 $PID 2>/dev/null || { cat "$LOG" >&2; exit 1; }
-    [ $SECONDS -lt $deadline ] || { echo "bench/tls.sh: server not ready after 180 s" >&2; exit 1; }
-    sleep 0.2
-done
-until [ "$(grep -c 'zero-fill done' "$LOG")" -ge "$(grep -c 'zero-filling the disk' "$LOG")" ]; do
-    [ $SECONDS -lt $deadline ] || { echo "bench/tls.sh: zero-fill not done after 180 s" >&2; exit 1; }
-    sleep 0.5
-done
+. bench/lib/up.sh
+wait_up "$LOG" "$PID" 180
 # fio's nbd engine refuses a URI naming local files (tls-certificates=),
 # so libnbd finds the client certificate where it looks by default:
 # $HOME/.pki/libnbd.

@@ -61,6 +61,7 @@
 # QD32 IOPS, 1 MiB sequential write MB/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/up.sh
 ROOT=$PWD
 RUNTIME=${RUNTIME:-15}
 SIZE=${SIZE:-4GiB}
@@ -324,19 +325,7 @@ blizzard_up() {
     echo "${cmd[*]}" > "$RESULTS/blizzard.cmd"
     "${cmd[@]}" > "$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
-    local deadline=$((SECONDS + 300))
-    until grep -qs 'Ctrl-C (or SIGTERM) stops it cleanly' "$SERVER_LOG"; do
-        kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died while starting" >&2; exit 1; }
-        [ $SECONDS -lt $deadline ] || { echo "blizzard up not ready after 300 s" >&2; exit 1; }
-        sleep 0.2
-    done
-    # New disk files are zero-filled in the background; rows measured while
-    # that runs would share the disk (and the process's CPU) with it.
-    until [ "$(grep -c 'zero-fill done' "$SERVER_LOG")" -ge "$(grep -c 'zero-filling the disk' "$SERVER_LOG")" ]; do
-        kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died while zero-filling" >&2; exit 1; }
-        [ $SECONDS -lt $deadline ] || { echo "zero-fill not done after 300 s" >&2; exit 1; }
-        sleep 0.5
-    done
+    wait_up "$SERVER_LOG" "$SERVER_PID" 300
     local got
     got=$(nbdinfo --size "nbd+unix:///$EXPORT?socket=$WORK/nbd.sock")
     [ "$got" -ge "$SIZE_B" ] || { echo "export is $got bytes, smaller than SIZE" >&2; exit 1; }
