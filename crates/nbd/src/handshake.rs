@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 use blizzard_volume::access::{self, Access};
 use blizzard_volume::{CommitMode, Volume, VolumeError};
 
+use crate::metrics::Checked;
 use crate::proto::*;
 use crate::server::{ConnError, Shared};
 use crate::tls::{gate, Gate, TlsState};
@@ -173,11 +174,13 @@ where
         match gate(hdr.option, h.tls) {
             Gate::Proceed => {}
             Gate::TlsRequired => {
+                h.shared.guard.count(Checked::TlsRequired);
                 let msg = "this server requires TLS: upgrade with NBD_OPT_STARTTLS first (nbds:// with libnbd, tls-creds with qemu)";
                 h.error(hdr.option, NBD_REP_ERR_TLS_REQD, msg).await?;
                 continue;
             }
             Gate::Disconnect => {
+                h.shared.guard.count(Checked::TlsRequired);
                 return Err(ConnError::Protocol(
                     "NBD_OPT_EXPORT_NAME before the TLS this server requires".into(),
                 ));
@@ -268,6 +271,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
         };
         let acl_read_only = match self.access(&resolved).await {
             Ok(Access::Denied) => {
+                self.shared.guard.count(Checked::AccessDenied);
                 warn!(peer = %self.peer, client = ?self.client, export = %resolved, "NBD client refused by the export's access list");
                 let msg = self.denied(&resolved);
                 self.error(option, NBD_REP_ERR_POLICY, &msg).await?;
@@ -316,7 +320,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 // the connection.
                 let acl_read_only = match self.access(&resolved).await {
                     Ok(Access::Denied) => {
-                        return Err(ConnError::Export { reason: self.denied(&resolved), name: resolved })
+                        self.shared.guard.count(Checked::AccessDenied);
+                        return Err(ConnError::Export { reason: self.denied(&resolved), name: resolved });
                     }
                     Ok(a) => a == Access::ReadOnly,
                     Err(_) => false,

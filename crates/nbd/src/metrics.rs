@@ -3,8 +3,11 @@
 //! S3 volume (design 0008) what an operator needs while it is served: the
 //! bytes acknowledged but not yet in the object store (what dies with the
 //! cache disk), the cache's use, the objects, and every request sent to the
-//! object store. [`render`] is pure; the server gathers [`Figures`] on each
-//! request.
+//! object store; and, for the whole server, TLS handshakes and the clients
+//! it refused ([`Guard`]). [`render`] is pure; the server gathers
+//! [`Figures`] on each request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use blizzard_lsvd::store::CountsNow;
 use blizzard_lsvd::Info;
@@ -26,6 +29,60 @@ impl Figures {
     }
 }
 
+/// What the server's security checks did, counted since it started.
+#[derive(Debug, Default)]
+pub(crate) struct Guard {
+    tls_ok: AtomicU64,
+    tls_failed: AtomicU64,
+    tls_required: AtomicU64,
+    access_denied: AtomicU64,
+}
+
+/// Something [`Guard`] counts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Checked {
+    /// A TLS handshake completed.
+    TlsOk,
+    /// A TLS handshake failed or timed out (a refused certificate, garbage).
+    TlsFailed,
+    /// An option refused because TLS is required and the client had not
+    /// upgraded.
+    TlsRequired,
+    /// An export refused by its access list.
+    AccessDenied,
+}
+
+/// [`Guard`]'s counts at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GuardNow {
+    pub(crate) tls_ok: u64,
+    pub(crate) tls_failed: u64,
+    pub(crate) tls_required: u64,
+    pub(crate) access_denied: u64,
+}
+
+impl Guard {
+    pub(crate) fn count(&self, what: Checked) {
+        let c = match what {
+            Checked::TlsOk => &self.tls_ok,
+            Checked::TlsFailed => &self.tls_failed,
+            Checked::TlsRequired => &self.tls_required,
+            Checked::AccessDenied => &self.access_denied,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn now(&self) -> GuardNow {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        GuardNow {
+            tls_ok: g(&self.tls_ok),
+            tls_failed: g(&self.tls_failed),
+            tls_required: g(&self.tls_required),
+            access_denied: g(&self.access_denied),
+        }
+    }
+}
+
 /// One family with a sample per export: a counter if its name ends in
 /// `_total` (the Prometheus convention), else a gauge.
 fn per_export(t: &mut Text, name: &str, help: &str, samples: &[(&str, u64)]) {
@@ -39,10 +96,25 @@ fn per_export(t: &mut Text, name: &str, help: &str, samples: &[(&str, u64)]) {
     }
 }
 
-/// The text exposition of `exports`, one family per figure.
-pub(crate) fn render(exports: &[Figures]) -> String {
+/// The text exposition of `exports` and of the server's checks, one family
+/// per figure.
+pub(crate) fn render(exports: &[Figures], guard: GuardNow) -> String {
     let mut t = Text::new();
     t.gauge("blizzard_nbd_exports_open", "Exports this server has open.", exports.len() as f64);
+    let ok: &[(&str, &str)] = &[("result", "ok")];
+    let failed: &[(&str, &str)] = &[("result", "failed")];
+    t.counters(
+        "blizzard_nbd_tls_handshakes_total",
+        "TLS handshakes after STARTTLS, by result (failed: a refused certificate, garbage, a timeout).",
+        &[(ok, guard.tls_ok as f64), (failed, guard.tls_failed as f64)],
+    );
+    let tls: &[(&str, &str)] = &[("reason", "tls_required")];
+    let access: &[(&str, &str)] = &[("reason", "access_list")];
+    t.counters(
+        "blizzard_nbd_refused_total",
+        "Options refused: before a required TLS upgrade, or by an export's access list.",
+        &[(tls, guard.tls_required as f64), (access, guard.access_denied as f64)],
+    );
     let sizes: Vec<(&str, u64)> = exports.iter().map(|f| (f.export.as_str(), f.size)).collect();
     per_export(&mut t, "blizzard_nbd_export_size_bytes", "Size of each open export.", &sizes);
     let s3: Vec<(&str, &Info, &CountsNow)> =
@@ -140,10 +212,29 @@ mod tests {
 
     #[test]
     fn a_blob_volume_shows_only_its_size() {
-        let text = render(&[Figures { export: "disk".into(), size: 4096, s3: None }]);
+        let text = render(&[Figures { export: "disk".into(), size: 4096, s3: None }], GuardNow::default());
         assert!(text.contains("blizzard_nbd_exports_open 1\n"), "{text}");
         assert!(text.contains("blizzard_nbd_export_size_bytes{export=\"disk\"} 4096\n"), "{text}");
         assert!(!text.contains("lsvd"), "{text}");
+        // The server's checks, zero until something happens.
+        assert!(text.contains("blizzard_nbd_tls_handshakes_total{result=\"ok\"} 0\n"), "{text}");
+    }
+
+    #[test]
+    fn the_guard_counts_each_check() {
+        let g = Guard::default();
+        for c in
+            [Checked::TlsOk, Checked::TlsOk, Checked::TlsFailed, Checked::TlsRequired, Checked::AccessDenied]
+        {
+            g.count(c);
+        }
+        let now = g.now();
+        assert_eq!(now, GuardNow { tls_ok: 2, tls_failed: 1, tls_required: 1, access_denied: 1 });
+        let text = render(&[], now);
+        assert!(text.contains("blizzard_nbd_tls_handshakes_total{result=\"ok\"} 2\n"), "{text}");
+        assert!(text.contains("blizzard_nbd_tls_handshakes_total{result=\"failed\"} 1\n"), "{text}");
+        assert!(text.contains("blizzard_nbd_refused_total{reason=\"tls_required\"} 1\n"), "{text}");
+        assert!(text.contains("blizzard_nbd_refused_total{reason=\"access_list\"} 1\n"), "{text}");
     }
 
     #[test]
@@ -157,10 +248,13 @@ mod tests {
             bytes_got: 0,
             ..CountsNow::default()
         };
-        let text = render(&[
-            Figures { export: "a".into(), size: 1, s3: None },
-            Figures { export: "s".into(), size: 1 << 30, s3: Some((info(12288), counts)) },
-        ]);
+        let text = render(
+            &[
+                Figures { export: "a".into(), size: 1, s3: None },
+                Figures { export: "s".into(), size: 1 << 30, s3: Some((info(12288), counts)) },
+            ],
+            GuardNow::default(),
+        );
         assert!(text.contains("blizzard_nbd_exports_open 2\n"), "{text}");
         assert!(text.contains("blizzard_lsvd_not_in_object_store_bytes{export=\"s\"} 12288\n"), "{text}");
         assert!(

@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) handed_over: Signal,
     /// Server-wide budget of buffered payload bytes (one permit per byte).
     pub(crate) budget: Arc<Semaphore>,
+    /// TLS handshakes and refusals, for `/metrics`.
+    pub(crate) guard: metrics::Guard,
 }
 
 impl Shared {
@@ -98,6 +100,7 @@ impl Shared {
             shutdown: Signal::default(),
             pause: Signal::default(),
             handed_over: Signal::default(),
+            guard: metrics::Guard::default(),
         })
     }
 }
@@ -293,7 +296,7 @@ pub(crate) fn serve_metrics(shared: &Arc<Shared>, l: Box<dyn Listener>) {
     let render: blizzard_metrics::Render = Arc::new(move || {
         let figures: Vec<_> =
             for_render.registry.opened().iter().map(|(name, v)| metrics::Figures::of(name, v)).collect();
-        metrics::render(&figures)
+        metrics::render(&figures, for_render.guard.now())
     });
     tokio::spawn(blizzard_metrics::serve(shared.env.clone(), l, render, async move {
         for_stop.shutdown.wait().await

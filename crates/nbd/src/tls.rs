@@ -25,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use blizzard_env::BoxStream;
 use blizzard_tls::PeerIdentity;
 
+use crate::metrics::Checked;
 use crate::proto::{NBD_OPT_ABORT, NBD_OPT_EXPORT_NAME, NBD_OPT_STARTTLS};
 use crate::server::{ConnError, Shared};
 
@@ -88,15 +89,20 @@ pub(crate) async fn accept(
 ) -> Result<(BoxStream, Option<PeerIdentity>), ConnError> {
     let acceptor = TlsAcceptor::from(tls.config.clone());
     let t = shared.cfg.handshake_timeout;
+    let failed = |why: String| {
+        shared.guard.count(Checked::TlsFailed);
+        Err(ConnError::Tls(why))
+    };
     let s = tokio::select! {
         biased;
         _ = shared.shutdown.wait() => return Err(ConnError::Shutdown),
         r = shared.env.timeout(t, acceptor.accept(stream)) => match r {
-            Err(_) => return Err(ConnError::Tls(format!("TLS handshake not done within {t:?}"))),
-            Ok(Err(e)) => return Err(ConnError::Tls(format!("TLS handshake failed: {e}"))),
+            Err(_) => return failed(format!("TLS handshake not done within {t:?}")),
+            Ok(Err(e)) => return failed(format!("TLS handshake failed: {e}")),
             Ok(Ok(s)) => s,
         },
     };
+    shared.guard.count(Checked::TlsOk);
     let conn = s.get_ref().1;
     tracing::debug!(version = ?conn.protocol_version(), suite = ?conn.negotiated_cipher_suite().map(|c| c.suite()), "TLS handshake done");
     let peer = s.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| PeerIdentity::of(c));

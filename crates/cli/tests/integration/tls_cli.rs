@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
 use crate::common::bin::blizzard_bin;
-use crate::common::{free_port, tool, Proc};
+use crate::common::{free_port, http_get, tool, Proc};
 
 use std::path::Path;
 use std::process::Command;
@@ -92,6 +92,7 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
     let data = d.path().join("data");
     let addr = format!("127.0.0.1:{}", free_port());
     let meta = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
     let args: Vec<String> = [
         "up",
         "--data",
@@ -108,6 +109,8 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
         "1MiB",
         "--tls",
         "require",
+        "--metrics",
+        &metrics,
     ]
     .iter()
     .map(|a| a.to_string())
@@ -129,6 +132,16 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
     );
     let out = Command::new(&nbdinfo).arg(format!("nbd://{addr}/disk")).output().unwrap();
     assert!(!out.status.success(), "a plain client was served under --tls require");
+    // /metrics counts the TLS handshake and the refused plain client.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let text = rt.block_on(http_get(&metrics, "/metrics"));
+    let count = |family: &str| -> f64 {
+        let line =
+            text.lines().find(|l| l.starts_with(family)).unwrap_or_else(|| panic!("no {family} in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(count("blizzard_nbd_tls_handshakes_total{result=\"ok\"}") >= 1.0, "{text}");
+    assert!(count("blizzard_nbd_refused_total{reason=\"tls_required\"}") >= 1.0, "{text}");
 
     // Access lists: a second volume limited to alice is hidden from up's
     // own client certificate ("blizzard-up-client") until it is allowed
