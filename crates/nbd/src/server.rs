@@ -520,7 +520,13 @@ async fn negotiate(
                     }
                     None => debug!(%peer, "NBD client upgraded to TLS without a certificate"),
                 }
-                client = identity.map(|id| id.name).filter(|n| !n.is_empty());
+                // Only a client's certificate names an NBD client: one a
+                // blizzard CA issued for a server role (tractserver, meta,
+                // nbd) is no identity here, whatever its name.
+                client = identity
+                    .filter(|id| id.role.is_none_or(|r| r == blizzard_tls::Role::Client))
+                    .map(|id| id.name)
+                    .filter(|n| !n.is_empty());
                 stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, inner);
                 state.active = true;
             }

@@ -48,6 +48,13 @@ impl Certs {
             let c = Issue { name: name.into(), role: Role::Client, hosts: vec![] };
             issue(&root.join("ca"), &c, &root.join(name), now).unwrap();
         }
+        // A tractserver's certificate named "alice", laid out as a
+        // client's: it must not pass for alice.
+        let ts = Issue { name: "alice".into(), role: Role::Tractserver, hosts: vec![] };
+        issue(&root.join("ca"), &ts, &root.join("ts-alice"), now).unwrap();
+        for (from, to) in [("server-cert.pem", "client-cert.pem"), ("server-key.pem", "client-key.pem")] {
+            std::fs::rename(root.join("ts-alice").join(from), root.join("ts-alice").join(to)).unwrap();
+        }
         std::fs::create_dir(root.join("anon")).unwrap();
         std::fs::copy(root.join("ca/ca-cert.pem"), root.join("anon/ca-cert.pem")).unwrap();
         blizzard_tls::init_ca(&root.join("other-ca"), "test CA", now).unwrap();
@@ -397,7 +404,8 @@ async fn write_errno(s: &mut BoxStream, offset: u64) -> u32 {
 /// An export with an access list (alice read-write, bob read-only) is
 /// listed and opened only for them: carol (a certificate from the same
 /// CA, not on the list) and clients without a certificate do not see it
-/// and get NBD_REP_ERR_POLICY; bob is told READ_ONLY and his writes fail
+/// and get NBD_REP_ERR_POLICY, as does a tractserver's certificate that
+/// bears alice's name; bob is told READ_ONLY and his writes fail
 /// with EPERM. An export without a list stays open to all. The list
 /// cannot change while the server holds the volume.
 #[test]
@@ -430,7 +438,7 @@ fn access_lists_decide_who_sees_and_writes_an_export() {
     rt.block_on(async {
         // Refused: carol, a TLS client without a certificate, a plain
         // client; EXPORT_NAME ends the connection.
-        for who in [Some("carol"), Some("anon"), None] {
+        for who in [Some("carol"), Some("anon"), Some("ts-alice"), None] {
             let mut s = match who {
                 Some(d) => start_tls(raw(&fx.addr).await, &certs.dir(d)).await.unwrap(),
                 None => raw(&fx.addr).await,
