@@ -157,19 +157,41 @@ impl Scrubber {
                     .unwrap_or_else(|p| p.into_inner())
                     .get(&(blob, tract))
                     .copied();
-                // Asked again just before: the row may have come back (as
-                // a pending entry, say) since the pass began.
-                let still = !not_mine || (!held(self) && self.filler.copy_pending(blob, tract).is_none());
-                if before == Some(inc) && still {
-                    if let Ok(true) = self.parts.store.delete(blob, inc, tract).await {
+                // Asked again, and freed, under the tract's copy lock: the
+                // row may have come back (as a pending entry, or filling
+                // for a repair) since the pass began, and a repair that
+                // digested the tract must find it as it was until it has
+                // patched it (`Filler::under_copy_lock`). A check made
+                // before the lock and a delete after it lost the chunks a
+                // repair kept (a CI run of `recovery::a_server_back_from_a_
+                // short_outage_repairs_only_what_it_missed` saw a repaired
+                // replica differ at byte 0).
+                let freed = if before == Some(inc) {
+                    self.filler
+                        .under_copy_lock(blob, tract, async {
+                            let still =
+                                !not_mine || (!held(self) && self.filler.copy_pending(blob, tract).is_none());
+                            if !still {
+                                return None;
+                            }
+                            Some(matches!(self.parts.store.delete(blob, inc, tract).await, Ok(true)))
+                        })
+                        .await
+                } else {
+                    None
+                };
+                match freed {
+                    Some(true) => {
                         if tract.is_meta() {
                             self.parts.metas.set(blob, None);
                         }
                         self.stats.orphans_freed.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(%blob, %tract, not_mine, "freed a tract of a blob that no longer exists or of a row this server left");
                     }
-                } else {
-                    suspects.insert((blob, tract), inc);
+                    Some(false) => {}
+                    None => {
+                        suspects.insert((blob, tract), inc);
+                    }
                 }
                 return;
             }

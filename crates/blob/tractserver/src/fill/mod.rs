@@ -410,6 +410,28 @@ impl Filler {
         Err(self.not_copied(blob, tract, &last))
     }
 
+    /// Runs `f` under the copy lock of a tract: the lock a copy or repair
+    /// holds from the digest it sends to the last chunk it writes. What
+    /// `f` does to the tract then happens wholly before or wholly after
+    /// any copy of it. The scrubber frees orphans this way (`scrub.rs`):
+    /// a delete landing between a repair's digest and its patch would
+    /// leave the tract holding only the chunks that differed.
+    pub(crate) async fn under_copy_lock<T>(
+        &self,
+        blob: BlobId,
+        tract: TractNo,
+        f: impl std::future::Future<Output = T>,
+    ) -> T {
+        let key = (blob, tract);
+        let l = self.fills.tract_lock(key);
+        let r = {
+            let _g = l.lock().await;
+            f.await
+        };
+        self.fills.release_lock(key, &l);
+        r
+    }
+
     fn not_copied(&self, blob: BlobId, tract: TractNo, why: &str) -> ErrorReply {
         ErrorReply::new(
             ErrorCode::NotReady,
@@ -453,8 +475,8 @@ impl Filler {
         let same = kept.iter().filter(|k| **k).count() as u64 * CHUNK_SIZE as u64;
         // The chunks not sent are kept from what is here: it must still be
         // the tract that was compared (the copy lock keeps writes, trims
-        // and deletes of it waiting, and nothing else frees a tract of a
-        // row this server is filling).
+        // and deletes of it waiting, the scrubber's orphan frees included:
+        // `under_copy_lock`).
         if self.parts.store.incarnation_of(blob, tract).await != Some(c.incarnation) {
             return Err(self.not_copied(blob, tract, "the tract changed here while it was compared"));
         }
