@@ -45,14 +45,21 @@ pub(crate) struct TlsArgs {
     pub(crate) tls_verify_peer: bool,
 }
 
-/// True for a unix socket or an address only this host can reach.
-pub(crate) fn is_loopback(listen: &str) -> bool {
+/// The host part of a `host:port` listen address (brackets of an IPv6
+/// address taken off); `None` for a unix socket.
+fn host_of(listen: &str) -> Option<&str> {
     if listen.starts_with("unix:") {
-        return true;
+        return None;
     }
     let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    Some(host.trim_start_matches('[').trim_end_matches(']'))
+}
+
+/// True for a unix socket or an address only this host can reach.
+pub(crate) fn is_loopback(listen: &str) -> bool {
+    host_of(listen).is_none_or(|host| {
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    })
 }
 
 /// The mode to run in (pure): what `--tls` says, else the default for
@@ -215,9 +222,7 @@ pub(crate) fn up_credentials(
         return Ok(Some((dir.clone(), None)));
     }
     let mut hosts = default_hosts();
-    if !listen.starts_with("unix:") {
-        let host =
-            listen.rsplit_once(':').map_or(listen, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    if let Some(host) = host_of(listen) {
         let wildcard = host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified());
         if !host.is_empty() && !wildcard && !hosts.iter().any(|h| h == host) {
             hosts.push(host.to_string());

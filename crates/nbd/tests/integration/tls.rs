@@ -8,10 +8,9 @@
 #![allow(clippy::disallowed_methods)]
 
 use crate::common;
-use crate::tools::{need, run};
+use crate::tools::{fails, need, run};
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -88,14 +87,6 @@ fn vols() -> [blizzard_volume::VolumeSpec; 2] {
 
 fn nbds(addr: &str, export: &str, certs: &Path) -> String {
     format!("nbds://{addr}/{export}?tls-certificates={}", certs.display())
-}
-
-/// Runs a command that must fail; its output.
-fn fails(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!out.status.success(), "{cmd} {args:?} succeeded:\n{text}");
-    text
 }
 
 /// A raw connection that has read the greeting and sent fixed-newstyle

@@ -36,6 +36,14 @@ pub(crate) fn run(cmd: &str, args: &[&str]) -> String {
     text
 }
 
+/// Runs a command that must fail; its output.
+pub(crate) fn fails(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{cmd} {args:?} succeeded:\n{text}");
+    text
+}
+
 /// nbdinfo (list, details, map, can flush), qemu-io (unaligned pattern
 /// writes and reads, discard, write -z, flush), qemu-img convert in and
 /// out plus compare, and nbdcopy (multi-connection) in and out.
