@@ -226,7 +226,7 @@ fn show(b: &Bytes) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-pub async fn run(env: Env, cmd: KvCmd) -> Result<()> {
+pub(crate) async fn run(env: Env, cmd: KvCmd, auth: &crate::tls_cmd::ClusterAuth) -> Result<()> {
     match cmd {
         KvCmd::Serve {
             id,
@@ -248,6 +248,7 @@ pub async fn run(env: Env, cmd: KvCmd) -> Result<()> {
             if let Some(l) = listen {
                 cfg.listen = l;
             }
+            auth.check_server(&cfg.listen, "a runtime member")?;
             cfg.timing = Timing { heartbeat_ms, election_min_ms: lo, election_max_ms: hi };
             cfg.machine.apply_threads = apply_threads.max(1);
             cfg.batching = !no_batching;

@@ -26,7 +26,7 @@ mod up_cmd;
 mod volume_cmd;
 
 use nbd_cmd::{nbd_cmd, NbdArgs};
-use tls_cmd::{ca_cmd, CaCmd, TlsHint};
+use tls_cmd::{ca_cmd, CaCmd, ClusterAuth, TlsHint};
 use tractserver_cmd::{tractserver_cmd, TractserverArgs};
 use up_cmd::{up_cmd, UpArgs};
 use volume_cmd::{volume_cmd, VolumeCmd};
@@ -45,6 +45,22 @@ struct Cli {
     /// tractservers share a machine) and to one per core otherwise.
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// This process's certificates (the directory qemu and nbdkit read:
+    /// ca-cert.pem, and server-cert.pem/server-key.pem for a server role
+    /// or client-cert.pem/client-key.pem for a client; `blizzard ca
+    /// issue` writes one). Every connection to and from the cluster's
+    /// servers is then mutual TLS with that CA, and each server checks
+    /// its peers' roles. `nbd` and `up` also serve NBD over TLS with it.
+    /// Checked at start.
+    #[arg(long, global = true, value_name = "DIR")]
+    tls_certificates: Option<PathBuf>,
+    /// Run the cluster's connections without TLS where other hosts can
+    /// reach them (a metadata server, tractserver or runtime member on an
+    /// address that is not loopback refuses to start without
+    /// certificates otherwise). With --tls-certificates, `nbd` and `up`
+    /// then use them for NBD only.
+    #[arg(long, global = true)]
+    insecure: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -282,10 +298,15 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    let env = Env::real();
+    let auth = ClusterAuth { certs: cli.tls_certificates, insecure: cli.insecure };
+    // Certificates are checked before anything else starts.
+    let env = match &cli.cmd {
+        Cmd::Ca { .. } => Env::real(),
+        _ => auth.env(&Env::real())?,
+    };
     match cli.cmd {
-        Cmd::Up(args) => up_cmd(env, args).await?,
-        Cmd::Nbd(args) => nbd_cmd(env, args).await?,
+        Cmd::Up(args) => up_cmd(env, args, &auth).await?,
+        Cmd::Nbd(args) => nbd_cmd(env, args, &auth).await?,
         Cmd::Ca { cmd } => ca_cmd(&env, cmd)?,
         Cmd::Meta {
             listen,
@@ -321,6 +342,7 @@ async fn run(cli: Cli) -> Result<()> {
                 (None, Some(g)) => g.peers[&g.id].clone(),
                 (None, None) => "127.0.0.1:7700".to_string(),
             };
+            auth.check_server(&listen, "a metadata server")?;
             let mut cfg = MetaConfig::new(listen);
             cfg.group = group;
             cfg.grow = !no_rebalance;
@@ -337,7 +359,7 @@ async fn run(cli: Cli) -> Result<()> {
             wait_for_stop_signal().await?;
             h.stop().await;
         }
-        Cmd::Tractserver(args) => tractserver_cmd(env, args).await?,
+        Cmd::Tractserver(args) => tractserver_cmd(env, args, &auth).await?,
         Cmd::Volume { cmd } => volume_cmd(env, cmd).await?,
         Cmd::Crashcheck { mode, crashes, seed, flush, replication, plant } => {
             let first = seed.unwrap_or_else(|| env.random_u64() >> 16);
@@ -405,7 +427,7 @@ async fn run(cli: Cli) -> Result<()> {
                 bail!("writing the event log {}: {e}", log.display());
             }
         }
-        Cmd::Kv { cmd } => kv::run(env, cmd).await?,
+        Cmd::Kv { cmd } => kv::run(env, cmd, &auth).await?,
         Cmd::CrashcheckVerify { meta, volume, log, take_over } => {
             let text = std::fs::read_to_string(&log)
                 .with_context(|| format!("cannot read the event log {}", log.display()))?;

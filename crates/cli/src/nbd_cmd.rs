@@ -11,7 +11,7 @@ use clap::Args;
 use blizzard_env::Env;
 use blizzard_volume::PlantedBug;
 
-use crate::tls_cmd::{nbd_tls, TlsArgs, TlsHint};
+use crate::tls_cmd::{nbd_tls, ClusterAuth, TlsArgs, TlsHint};
 use crate::{connect, planted, print_connect, wait_for_stop_signal};
 
 #[derive(Args)]
@@ -68,7 +68,7 @@ pub(crate) struct NbdArgs {
     tls: TlsArgs,
 }
 
-pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
+pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs, auth: &ClusterAuth) -> Result<()> {
     let NbdArgs {
         meta,
         listen,
@@ -90,7 +90,7 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs) -> Result<()> {
         None => listen,
     };
     // Certificates are checked before anything else starts.
-    let tls = nbd_tls(&env, &tls, tls.tls_certificates.as_deref(), &listen)?;
+    let tls = nbd_tls(&env, &tls, auth.certs.as_deref(), &listen)?;
     let hint = TlsHint::of(tls.as_ref(), None);
     let client = connect(&env, &meta).await?;
     let mode = blizzard_nbd::OpenMode { read_only, take_over, planted: plant };

@@ -1,6 +1,8 @@
-//! TLS on the command line: the flags `blizzard nbd` and `blizzard up`
-//! share (`--tls-certificates`, `--tls`, `--tls-verify-peer`), the rule
-//! that picks the mode when `--tls` is not given, and `blizzard ca`.
+//! TLS on the command line: the cluster's own connections (the global
+//! `--tls-certificates` and `--insecure`, [`ClusterAuth`]), the flags
+//! `blizzard nbd` and `blizzard up` share for NBD (`--tls`,
+//! `--tls-verify-peer`), the rules that pick the modes when no flag says,
+//! and `blizzard ca`.
 
 use std::path::{Path, PathBuf};
 
@@ -26,16 +28,11 @@ pub(crate) enum TlsMode {
 
 #[derive(Args, Clone, Debug)]
 pub(crate) struct TlsArgs {
-    /// Certificates for NBD over TLS, in the layout qemu and nbdkit use:
-    /// ca-cert.pem, server-cert.pem, server-key.pem (`blizzard ca issue
-    /// NAME --role nbd` writes one). Checked at start: a missing, expired
-    /// or mismatched file stops the server with the reason.
-    #[arg(long, value_name = "DIR")]
-    pub(crate) tls_certificates: Option<PathBuf>,
     /// off, on (offered; plain clients still served) or require. Default:
-    /// with certificates, on for a loopback address or a unix socket and
-    /// require for any other; without, off on loopback or a unix socket,
-    /// and any other address is refused unless --tls off is given.
+    /// with certificates (--tls-certificates), on for a loopback address
+    /// or a unix socket and require for any other; without, off on
+    /// loopback or a unix socket, and any other address is refused unless
+    /// --tls off is given.
     #[arg(long, value_enum)]
     pub(crate) tls: Option<TlsMode>,
     /// Every TLS client must present a certificate signed by the CA in
@@ -43,6 +40,49 @@ pub(crate) struct TlsArgs {
     /// presented is still checked).
     #[arg(long)]
     pub(crate) tls_verify_peer: bool,
+}
+
+/// How this process's connections to and from the cluster's servers are
+/// made (design 0010, point 2): the global `--tls-certificates` and
+/// `--insecure`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ClusterAuth {
+    pub(crate) certs: Option<PathBuf>,
+    pub(crate) insecure: bool,
+}
+
+impl ClusterAuth {
+    /// The env this process reaches the cluster through: every
+    /// connection mutual TLS with the cluster's CA when it has
+    /// certificates (and not `--insecure`), else `env` as it is. The
+    /// directory is checked here, before anything starts.
+    pub(crate) fn env(&self, env: &Env) -> Result<Env> {
+        let Some(dir) = self.certs.as_deref().filter(|_| !self.insecure) else {
+            return Ok(env.clone());
+        };
+        let tls =
+            blizzard_tls::ClusterTls::load(dir, env.clock.system_time()).context("--tls-certificates")?;
+        tracing::info!(identity = %tls.identity, "cluster connections: mutual TLS");
+        let net = blizzard_tls::TlsNet::new(env.net.clone(), tls, env.clock.clone());
+        Ok(Env { net: std::sync::Arc::new(net), ..env.clone() })
+    }
+
+    /// Refuses to serve `what` for the cluster on `listen` unauthenticated
+    /// where other hosts can reach it, unless `--insecure` says so.
+    pub(crate) fn check_server(&self, listen: &str, what: &str) -> Result<()> {
+        server_auth(self.certs.is_some(), self.insecure, is_loopback(listen))
+            .map_err(|e| anyhow::anyhow!("{what} on {listen}: {e}"))
+    }
+}
+
+/// Whether a cluster server may start (pure): with certificates always;
+/// without, on loopback or a unix socket (only this host reaches it), or
+/// anywhere with `--insecure`.
+pub(crate) fn server_auth(have_certs: bool, insecure: bool, loopback: bool) -> Result<(), String> {
+    if have_certs || insecure || loopback {
+        return Ok(());
+    }
+    Err("an address other hosts can reach needs certificates, or anyone there could join the cluster or read and write every volume: give --tls-certificates DIR (`blizzard ca init`, then `blizzard ca issue NAME --role tractserver|meta`), or --insecure to run unauthenticated on a network you trust".into())
 }
 
 /// The host part of a `host:port` listen address (brackets of an IPv6
@@ -213,13 +253,14 @@ pub(crate) fn up_credentials(
     env: &Env,
     data: &Path,
     args: &TlsArgs,
+    certs: Option<&Path>,
     listen: &str,
 ) -> Result<Option<(PathBuf, Option<PathBuf>)>> {
     if args.tls == Some(TlsMode::Off) {
         return Ok(None);
     }
-    if let Some(dir) = &args.tls_certificates {
-        return Ok(Some((dir.clone(), None)));
+    if let Some(dir) = certs {
+        return Ok(Some((dir.to_path_buf(), None)));
     }
     let mut hosts = default_hosts();
     if let Some(host) = host_of(listen) {
@@ -257,6 +298,16 @@ mod tests {
         }
         assert_eq!(decide(None, true, true), Ok(On));
         assert_eq!(decide(None, true, false), Ok(Require));
+    }
+
+    #[test]
+    fn a_cluster_server_reachable_from_other_hosts_needs_certificates_or_insecure() {
+        for (certs, insecure, loopback) in [(true, false, false), (false, true, false), (false, false, true)]
+        {
+            assert_eq!(server_auth(certs, insecure, loopback), Ok(()));
+        }
+        let e = server_auth(false, false, false).expect_err("refused without certificates or --insecure");
+        assert!(e.contains("--tls-certificates") && e.contains("--insecure"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use blizzard_env::{DiskModel, Env};
 use blizzard_tractserver::{JournalConfig, TractServerConfig};
 
 use crate::size;
+use crate::tls_cmd::ClusterAuth;
 
 #[derive(Args)]
 pub(crate) struct TractserverArgs {
@@ -82,7 +83,7 @@ pub(crate) struct TractserverArgs {
     metrics: Option<String>,
 }
 
-pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs) -> Result<()> {
+pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs, auth: &ClusterAuth) -> Result<()> {
     let TractserverArgs {
         disk,
         listen,
@@ -103,6 +104,7 @@ pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs) -> Result<(
         fill_mbps,
         metrics,
     } = args;
+    auth.check_server(&listen, "a tractserver")?;
     let mut cfg = TractServerConfig::new(disk, listen, meta);
     cfg.advertise = advertise;
     cfg.failure_domain = failure_domain;
@@ -136,10 +138,14 @@ pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs) -> Result<(
     cfg.scrub_bandwidth = scrub_mbps.saturating_mul(1_000_000);
     cfg.fill_bandwidth = fill_mbps.saturating_mul(1_000_000);
     cfg.metrics_listen = metrics;
-    let h = blizzard_tractserver::start(env, cfg).await?;
+    let mut h = blizzard_tractserver::start(env, cfg).await?;
     println!("tractserver {} listening on {}", h.id, h.addr);
     tokio::select! {
         _ = tokio::signal::ctrl_c() => h.stop().await,
+        why = h.refused() => {
+            h.stop().await;
+            bail!("the metadata service refused this tractserver ({why}): start it with a certificate of role tractserver (`blizzard ca issue NAME --role tractserver`)");
+        }
     }
     Ok(())
 }

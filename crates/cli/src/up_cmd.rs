@@ -17,7 +17,7 @@ use blizzard_nbd::upgrade::Backing;
 use blizzard_volume::{manage, CommitMode, FlushPolicy, PlantedBug, S3Spec, VolumeSpec};
 
 use crate::nbd_cmd::{default_upgrade_socket, serve_until_stopped, upgrade_socket_of};
-use crate::tls_cmd::{nbd_tls, up_credentials, TlsArgs, TlsHint};
+use crate::tls_cmd::{nbd_tls, up_credentials, ClusterAuth, TlsArgs, TlsHint};
 use crate::up_backing::UpBacking;
 use crate::volume_cmd::{cache_dir, print_volume, remove_empty_dir};
 use crate::{
@@ -148,12 +148,14 @@ pub(crate) struct UpArgs {
     /// NBD over TLS. Without --tls-certificates, `up` makes its own CA, a
     /// server certificate and a client certificate under DATA/tls on
     /// first start (the client's in DATA/tls/client, the layout libnbd
-    /// and qemu read) and offers TLS; --tls off makes none.
+    /// and qemu read) and offers TLS; --tls off makes none. With
+    /// --tls-certificates, other processes reach up's cluster over mutual
+    /// TLS too (its own servers talk over in-memory pipes).
     #[command(flatten)]
     tls: TlsArgs,
 }
 
-pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
+pub(crate) async fn up_cmd(env: Env, args: UpArgs, auth: &ClusterAuth) -> Result<()> {
     let UpArgs {
         data,
         listen,
@@ -187,6 +189,8 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
     cfg.replication = replication;
     cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
     cfg.disk_size = disk_size;
+    // Other processes reach this cluster at its metadata address.
+    auth.check_server(&meta_listen, "up's metadata server (--meta-listen)")?;
     cfg.meta_listen = meta_listen;
     cfg.meta_replicas = meta_replicas as usize;
     if hdd_tractservers > tractservers {
@@ -211,7 +215,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs) -> Result<()> {
     let exe = std::env::current_exe().context("finding this binary's path")?;
     let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
     let backing = UpBacking::new(env.clone(), cfg, open_mode);
-    let creds = up_credentials(&env, &data, &tls, &listen)?;
+    let creds = up_credentials(&env, &data, &tls, auth.certs.as_deref(), &listen)?;
     let nbd_tls = nbd_tls(&env, &tls, creds.as_ref().map(|c| c.0.as_path()), &listen)?;
     let hint = TlsHint::of(nbd_tls.as_ref(), creds.and_then(|c| c.1));
     let nbd_cfg = blizzard_nbd::NbdConfig {

@@ -11,6 +11,7 @@ mod group_commit;
 mod handover;
 mod local;
 mod model;
+mod peer;
 mod real;
 mod zero_fill;
 
@@ -32,6 +33,7 @@ pub use handover::{
 };
 pub use local::LocalNet;
 pub use model::DiskModel;
+pub use peer::{peer_of, Authenticated, Peer};
 pub use real::{RealClock, RealDisks, RealNet, RealRng};
 
 /// A byte stream to a peer: TCP, unix socket or simulated link. `Any`
@@ -60,6 +62,16 @@ pub trait Rng: Send + Sync {
 pub trait Net: Send + Sync {
     fn connect(&self, addr: &str) -> BoxFuture<'static, io::Result<BoxStream>>;
     fn bind(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>>;
+
+    /// Binds a listener that is not one of the cluster's: an NBD server's
+    /// port (whose TLS is NBD's own STARTTLS) or an HTTP `/metrics`
+    /// endpoint (which Prometheus and curl reach as plain HTTP), whatever
+    /// carries the cluster's connections. Only a net that
+    /// changes the cluster's connections (`blizzard_tls::TlsNet`) makes
+    /// it differ from [`Net::bind`].
+    fn bind_plain(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>> {
+        self.bind(addr)
+    }
 
     /// Attaches `endpoint` to `addr`, the address of a listener this net
     /// bound that is still open, so callers in the same process can reach
@@ -249,6 +261,11 @@ impl Env {
 
     pub async fn bind(&self, addr: &str) -> io::Result<Box<dyn Listener>> {
         self.net.bind(addr).await
+    }
+
+    /// [`Net::bind_plain`]: for an NBD port or a `/metrics` endpoint.
+    pub async fn bind_plain(&self, addr: &str) -> io::Result<Box<dyn Listener>> {
+        self.net.bind_plain(addr).await
     }
 
     pub async fn open_disk(&self, path: &Path, create_len: Option<u64>) -> io::Result<Arc<dyn Disk>> {

@@ -96,6 +96,10 @@ impl Net for LocalNet {
         .boxed()
     }
 
+    fn bind_plain(&self, addr: &str) -> BoxFuture<'static, io::Result<Box<dyn Listener>>> {
+        self.inner.bind_plain(addr)
+    }
+
     fn attach_endpoint(&self, addr: &str, endpoint: Endpoint) -> bool {
         match lock(&self.listeners).get_mut(addr) {
             Some(e) => {

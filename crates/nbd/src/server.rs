@@ -161,13 +161,21 @@ impl Server {
         cfg: NbdConfig,
     ) -> Result<Server, NbdError> {
         check_config(&cfg)?;
-        let listener =
-            env.bind(listen).await.map_err(|source| NbdError::Bind { addr: listen.to_string(), source })?;
+        // NBD's own port, not one of the cluster's: its TLS is NBD's
+        // STARTTLS (`tls`), whatever carries the cluster's connections.
+        let listener = env
+            .bind_plain(listen)
+            .await
+            .map_err(|source| NbdError::Bind { addr: listen.to_string(), source })?;
         let shared = Shared::new(env, exports, cfg);
         // The metrics endpoint is bound before anything is served, so a
         // bad address fails the start with nothing left running.
         if let Some(m) = shared.cfg.metrics_listen.clone() {
-            let l = shared.env.bind(&m).await.map_err(|source| NbdError::Bind { addr: m.clone(), source })?;
+            let l = shared
+                .env
+                .bind_plain(&m)
+                .await
+                .map_err(|source| NbdError::Bind { addr: m.clone(), source })?;
             serve_metrics(&shared, l);
         }
         Ok(Server::launch(shared, listener, Vec::new()))

@@ -25,6 +25,7 @@
 //! - [`proto`]: the wire protocol members and clients speak (one port);
 //!   [`net`]: Raft's messages over it (openraft's network).
 
+pub mod authz;
 pub mod client;
 pub mod codec;
 pub mod ds;

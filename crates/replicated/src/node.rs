@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use blizzard_core::crc::crc32c;
 use blizzard_env::Env;
 use blizzard_proto::{ErrorCode, ErrorReply};
+use blizzard_rpc::authz::Authorized;
 use blizzard_rpc::{serve, Caller, Conn, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
 mod status;
@@ -335,7 +336,17 @@ impl<S: Service> Node<S> {
             local: Mutex::new(LocalSession::default()),
         });
         let (shutdown_handle, shutdown) = ShutdownHandle::new();
-        let service: Arc<dyn blizzard_rpc::Service<Replicated>> = Arc::new(Front { inner: inner.clone() });
+        // Roles are checked on authenticated connections (`authz`): a group
+        // hosted by a server takes client operations only from members.
+        let allows = match listener {
+            Some(_) => crate::authz::allows_own,
+            None => crate::authz::allows_hosted,
+        };
+        let service = Authorized::<Replicated>::wrap(
+            Arc::new(Front { inner: inner.clone() }),
+            allows,
+            "runtime member",
+        );
         let mut tasks = vec![
             tokio::spawn(batcher(inner.clone(), submit_rx, shutdown.clone())),
             tokio::spawn(read_rounds(inner.clone(), reads_rx, shutdown.clone())),
@@ -345,7 +356,7 @@ impl<S: Service> Node<S> {
             tasks.push(tokio::spawn(served));
         }
         if let Some(addr) = inner.cfg.metrics_listen.clone() {
-            let l = env.bind(&addr).await.map_err(|error| NodeError::Listen { addr, error })?;
+            let l = env.bind_plain(&addr).await.map_err(|error| NodeError::Listen { addr, error })?;
             let for_metrics = inner.clone();
             let render: blizzard_metrics::Render = Arc::new(move || metrics_text(&for_metrics));
             let mut stop = shutdown.clone();

@@ -9,6 +9,8 @@
 //! - `ca`: the certificates `blizzard ca init` / `blizzard ca issue` and
 //!   `blizzard up` make (rcgen): a CA, and certificates for a role.
 //! - `identity`: what a peer's certificate says it is (its name, its role).
+//! - `net`: the cluster's own connections as mutual TLS, at the env seam
+//!   (`TlsNet` wraps a process's `Net`).
 //!
 //! Cryptography is ring's, passed to every configuration explicitly (no
 //! process-wide provider is assumed).
@@ -16,11 +18,15 @@
 mod ca;
 mod identity;
 mod load;
+mod net;
 
 pub use ca::{ensure_up_credentials, init_ca, issue, Issue, Role, UpCredentials};
 pub use identity::{PeerIdentity, ROLE_PREFIX};
 pub use load::{client_config, server_config, server_name};
+pub use net::{ClusterTls, TlsNet, HANDSHAKES_MAX, HANDSHAKE_TIMEOUT};
 
+#[cfg(test)]
+mod net_tests;
 #[cfg(test)]
 mod tests;
 

@@ -113,7 +113,7 @@ pub fn server_name(host: &str) -> Option<ServerName<'static>> {
     ServerName::try_from(host.to_string()).ok()
 }
 
-fn check_dir(dir: &Path) -> Result<(), TlsError> {
+pub(crate) fn check_dir(dir: &Path) -> Result<(), TlsError> {
     if !dir.is_dir() {
         return Err(TlsError::new(format!(
             "TLS certificate directory {} does not exist: make one with `blizzard ca init` and `blizzard ca issue`, or give --tls off",
@@ -135,7 +135,7 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 }
 
 /// Every certificate in a PEM file; at least one.
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bytes = read(path)?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
@@ -149,7 +149,7 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
-fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub(crate) fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read(path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| {
         TlsError::new(format!(
@@ -159,7 +159,10 @@ fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
-fn root_store(ca_path: &Path, roots: Vec<CertificateDer<'static>>) -> Result<RootCertStore, TlsError> {
+pub(crate) fn root_store(
+    ca_path: &Path,
+    roots: Vec<CertificateDer<'static>>,
+) -> Result<RootCertStore, TlsError> {
     let mut store = RootCertStore::empty();
     for c in roots {
         store.add(c).map_err(|e| {
@@ -174,7 +177,11 @@ fn date(t: ASN1Time) -> String {
 }
 
 /// The certificate's validity period covers `now`.
-fn check_validity(path: &Path, cert: &CertificateDer<'_>, now: SystemTime) -> Result<(), TlsError> {
+pub(crate) fn check_validity(
+    path: &Path,
+    cert: &CertificateDer<'_>,
+    now: SystemTime,
+) -> Result<(), TlsError> {
     let (_, x) = X509Certificate::from_der(cert.as_ref())
         .map_err(|e| TlsError::new(format!("{} does not parse as X.509: {e}", path.display())))?;
     let v = x.validity();
@@ -198,7 +205,7 @@ fn check_validity(path: &Path, cert: &CertificateDer<'_>, now: SystemTime) -> Re
 
 /// The certificate chains to one of `roots` for a server's use (or a
 /// client's).
-fn check_chain(
+pub(crate) fn check_chain(
     path: &Path,
     chain: &[CertificateDer<'static>],
     ca_path: &Path,

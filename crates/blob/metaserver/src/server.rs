@@ -651,6 +651,15 @@ impl Service for MetaServer {
     }
 }
 
+/// The service as peers reach it: on an authenticated cluster, each
+/// request runs only if the peer's role may send it
+/// (`blizzard_proto::authz`: only tractservers register and heartbeat,
+/// only metadata replicas change the table; the runtime's own frames are
+/// checked by the runtime, `blizzard_replicated::authz`).
+fn authorized(server: Arc<MetaServer>) -> Arc<dyn Service<Blob>> {
+    blizzard_rpc::authz::Authorized::wrap(server, blizzard_proto::authz::allows, "metadata server")
+}
+
 /// A running metadata server.
 pub struct MetaHandle {
     pub addr: String,
@@ -693,17 +702,21 @@ pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
         // One address for the replica's peers and its clients (module header).
         Some(front) => {
             let both: Arc<dyn Service<Either<Replicated, Blob>>> =
-                Arc::new(EitherService { left: front, right: server.clone() as Arc<dyn Service<Blob>> });
+                Arc::new(EitherService { left: front, right: authorized(server.clone()) });
             tokio::spawn(serve(env.clone(), listener, both, ServerLimits::default(), rx.clone()))
         }
-        None => {
-            tokio::spawn(serve(env.clone(), listener, server.clone(), ServerLimits::default(), rx.clone()))
-        }
+        None => tokio::spawn(serve(
+            env.clone(),
+            listener,
+            authorized(server.clone()),
+            ServerLimits::default(),
+            rx.clone(),
+        )),
     };
     let mut tasks =
         vec![served, tokio::spawn(ticker(env.clone(), server.clone(), cfg.heartbeat_interval, rx.clone()))];
     if let Some(m) = &cfg.metrics_listen {
-        let l = env.bind(m).await.map_err(|error| MetaError::Bind { addr: m.clone(), error })?;
+        let l = env.bind_plain(m).await.map_err(|error| MetaError::Bind { addr: m.clone(), error })?;
         tracing::info!(addr = %l.local_addr(), "metrics at /metrics");
         let s = server.clone();
         let mut rx = rx;

@@ -9,6 +9,7 @@
 //! read under the limits in [`frame::FrameHeader::decode`], checks every
 //! length against what is left, and returns an error, never panics.
 
+pub mod authz;
 pub mod cluster;
 pub mod codec;
 pub mod flow;

@@ -649,4 +649,4 @@ impl Request {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -8,6 +8,7 @@
 //! clear-to-send), so many senders into one server never queue more than a
 //! bounded window at its link.
 
+pub mod authz;
 mod conn;
 mod conns;
 pub mod either;

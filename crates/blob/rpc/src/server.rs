@@ -307,6 +307,9 @@ pub async fn serve_conn<P: Protocol>(
     // has been read whole; dropped with the connection, which ends every
     // grant it held.
     let mut arrivals: std::collections::BTreeMap<u64, oneshot::Sender<()>> = Default::default();
+    // Who the connection's TLS proved the peer to be (none when plain):
+    // every request on it carries that to the service (`authz`).
+    let authenticated = blizzard_env::peer_of(&*stream);
     let (rd, wr) = tokio::io::split(stream);
     // Set by the connection's `Hello`, if it sends one.
     let mut session: Option<(u64, u64)> = None;
@@ -483,7 +486,7 @@ pub async fn serve_conn<P: Protocol>(
         };
         let tx = tx.clone();
         let service = service.clone();
-        let caller = Caller::new(session, sessions.clone());
+        let caller = Caller::new(session, sessions.clone()).with_peer(authenticated.clone());
         tokio::spawn(async move {
             let (res, data) = service.call(req, frame.data, caller).await;
             let _ = tx.send(reply_frame::<P>(id, opcode, &res, data)).await;

@@ -17,6 +17,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use blizzard_env::Peer;
+
 /// Sessions remembered per server; the oldest are forgotten beyond this.
 /// A forgotten session's stale requests are no longer refused, so this is
 /// far above the number of clients a server talks to within the time a
@@ -74,16 +76,30 @@ pub struct Caller {
     /// do not open with one (other servers, old tools).
     session: Option<(u64, u64)>,
     sessions: Arc<Sessions>,
+    /// The peer its connection's TLS authenticated (`blizzard_tls::TlsNet`);
+    /// none on a plain or in-process connection.
+    peer: Option<Arc<Peer>>,
 }
 
 impl Caller {
     pub fn new(session: Option<(u64, u64)>, sessions: Arc<Sessions>) -> Caller {
-        Caller { session, sessions }
+        Caller { session, sessions, peer: None }
+    }
+
+    /// This caller, as the authenticated `peer` (`authz` checks its role).
+    pub fn with_peer(mut self, peer: Option<Arc<Peer>>) -> Caller {
+        self.peer = peer;
+        self
+    }
+
+    /// The peer the connection authenticated, if it did.
+    pub fn peer(&self) -> Option<&Peer> {
+        self.peer.as_deref()
     }
 
     /// A caller that is always current (requests made inside a server).
     pub fn internal() -> Caller {
-        Caller { session: None, sessions: Arc::new(Sessions::default()) }
+        Caller { session: None, sessions: Arc::new(Sessions::default()), peer: None }
     }
 
     /// The (session, epoch) of the connection the request came on.
@@ -98,7 +114,7 @@ impl Caller {
     /// or forwarded, was seen at a newer epoch, exactly as a direct one.
     pub fn on_behalf(&self, session: u64, epoch: u64) -> Caller {
         self.sessions.hello(session, epoch);
-        Caller { session: Some((session, epoch)), sessions: self.sessions.clone() }
+        Caller { session: Some((session, epoch)), sessions: self.sessions.clone(), peer: self.peer.clone() }
     }
 
     /// Whether no newer connection of this caller's session has been seen:

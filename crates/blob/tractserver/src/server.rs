@@ -11,7 +11,7 @@ use std::time::Duration;
 use blizzard_core::{DiskClass, TsId};
 use blizzard_env::{DiskModel, Env};
 use blizzard_proto::codec::decode;
-use blizzard_proto::{Assignment, ClusterParams, Heartbeat, HeartbeatAction, Reply, Request};
+use blizzard_proto::{Assignment, ClusterParams, ErrorCode, Heartbeat, HeartbeatAction, Reply, Request};
 use blizzard_rpc::{serve, MetaService, ServerLimits, ServerTasks, Shutdown, ShutdownHandle};
 
 use crate::layout::LayoutError;
@@ -143,6 +143,9 @@ pub struct TractServerHandle {
     pub addr: String,
     pub service: Arc<TractService>,
     tasks: ServerTasks,
+    /// Why the metadata service refused this server for good, once it has
+    /// (its certificate's role: `Forbidden`); heartbeats stop then.
+    refused: tokio::sync::oneshot::Receiver<String>,
 }
 
 impl TractServerHandle {
@@ -155,6 +158,16 @@ impl TractServerHandle {
     /// Runs until the server's tasks end (they do not, short of shutdown).
     pub async fn wait(self) {
         self.tasks.wait().await;
+    }
+
+    /// Resolves once the metadata service has refused this server for
+    /// good (an authenticated cluster where its certificate's role may
+    /// not register), with the refusal; never otherwise.
+    pub async fn refused(&mut self) -> String {
+        match (&mut self.refused).await {
+            Ok(why) => why,
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -234,14 +247,21 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
     let (shutdown, rx) = ShutdownHandle::new();
     let metrics = match &cfg.metrics_listen {
         Some(m) => {
-            Some(env.bind(m).await.map_err(|error| TractServerError::Bind { addr: m.clone(), error })?)
+            Some(env.bind_plain(m).await.map_err(|error| TractServerError::Bind { addr: m.clone(), error })?)
         }
         None => None,
     };
     let journal = cfg.journal.clone();
+    let (refused_tx, refused) = tokio::sync::oneshot::channel();
     let mut tasks = vec![
-        tokio::spawn(serve(env.clone(), listener, service.clone(), cfg.limits.clone(), rx.clone())),
-        tokio::spawn(heartbeat_loop(env.clone(), service.clone(), cfg, addr.clone(), rx.clone())),
+        tokio::spawn(serve(
+            env.clone(),
+            listener,
+            authorized(service.clone()),
+            cfg.limits.clone(),
+            rx.clone(),
+        )),
+        tokio::spawn(heartbeat_loop(env.clone(), service.clone(), cfg, addr.clone(), rx.clone(), refused_tx)),
         tokio::spawn(service.fill.clone().fill_loop(rx.clone())),
         tokio::spawn(service.scrub.clone().scrub_loop(rx.clone())),
         tokio::spawn({
@@ -302,7 +322,7 @@ pub async fn start(env: Env, cfg: TractServerConfig) -> Result<TractServerHandle
             async move { rx.wait().await },
         )));
     }
-    Ok(TractServerHandle { id: me, addr, service, tasks: ServerTasks::new(shutdown, tasks) })
+    Ok(TractServerHandle { id: me, addr, service, tasks: ServerTasks::new(shutdown, tasks), refused })
 }
 
 /// Asks the metadata service for the cluster's parameters, waiting for it.
@@ -328,6 +348,7 @@ async fn heartbeat_loop(
     cfg: TractServerConfig,
     addr: String,
     mut shutdown: Shutdown,
+    refused: tokio::sync::oneshot::Sender<String>,
 ) {
     let mut interval = cfg.heartbeat_interval;
     let mut failing = false;
@@ -403,6 +424,13 @@ async fn heartbeat_loop(
                 }
             }
             Ok(_) => tracing::warn!("unexpected heartbeat reply"),
+            // Not transient: this certificate's role may not register
+            // (design 0010). Heartbeats stop; the lease lapses.
+            Err(e) if e.remote().is_some_and(|r| r.code == ErrorCode::Forbidden) => {
+                tracing::error!(meta = %meta.describe(), error = %e, "the metadata service refuses this tractserver");
+                let _ = refused.send(e.to_string());
+                return;
+            }
             Err(e) => {
                 if !failing {
                     tracing::warn!(meta = %meta.describe(), error = %e, "heartbeat failed");
@@ -418,4 +446,12 @@ async fn heartbeat_loop(
             _ = env.sleep(interval) => {}
         }
     }
+}
+
+/// The service as peers reach it: on an authenticated cluster, each
+/// request runs only if the peer's role may send it
+/// (`blizzard_proto::authz`: copies and the blob two-phase commit only from
+/// tractservers, row assignments only from the metadata service).
+fn authorized(service: Arc<TractService>) -> Arc<dyn blizzard_rpc::Service> {
+    blizzard_rpc::authz::Authorized::wrap(service, blizzard_proto::authz::allows, "tractserver")
 }

@@ -3,6 +3,7 @@
 //! linked once rather than once per file (see ARCHITECTURE, "Where the tests
 //! are").
 
+mod cluster_tls;
 mod common;
 mod crash_sigkill;
 mod fault_recovery;

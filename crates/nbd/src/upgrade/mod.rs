@@ -550,7 +550,7 @@ async fn release_all(shared: &Shared) {
 async fn bind_metrics(shared: &Arc<Shared>, addr: &str) {
     let start = shared.env.now();
     loop {
-        match shared.env.bind(addr).await {
+        match shared.env.bind_plain(addr).await {
             Ok(l) => return serve_metrics(shared, l),
             Err(e) if shared.env.now().duration_since(start) >= METRICS_BIND_WAIT => {
                 warn!(%addr, error = %e, "cannot bind the metrics address after the hand-over; serving without /metrics");

@@ -51,6 +51,9 @@ pub enum ErrorCode {
     /// A server this request was to be forwarded to could not be reached
     /// (`WriteTractForward`): the table may name its replacement.
     Unreachable = 21,
+    /// The peer's certificate (its role) does not allow this request
+    /// (design 0010): not transient; use a certificate of the right role.
+    Forbidden = 22,
 }
 
 impl ErrorCode {
@@ -78,6 +81,7 @@ impl ErrorCode {
             Fenced,
             NotLeader,
             Unreachable,
+            Forbidden,
         ]
         .into_iter()
         .find(|c| *c as u16 == v)

@@ -24,7 +24,7 @@ fn write_tract_golden_bytes() {
     assert_eq!(Request::decode(Opcode::WriteTract, &b), Ok(req));
 }
 
-fn samples() -> Vec<Request> {
+pub(crate) fn samples() -> Vec<Request> {
     let meta = BlobMeta { blob: BlobId(9), incarnation: 1, replication: 3, size_tracts: 10, version: 2 };
     let assignment = Assignment {
         cluster_id: 5,
