@@ -459,7 +459,7 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.connect_timeout = Duration::from_secs(5);
             let pool_client = Client::connect(env.clone(), cfg)
                 .await
-                .with_context(|| format!("cannot reach the metadata service at {meta}; is it running, and are a majority of its replicas up?"))?;
+                .with_context(|| format!("cannot reach the metadata service at {meta}; is it running, and are a majority of its replicas up? {NEEDS_CERTS}"))?;
             let s = pool_client.cluster_status().await?;
             if watch && !settled(&s) {
                 watch_recovery(&env, &pool_client).await?;
@@ -472,11 +472,14 @@ async fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
+/// What a lost connection to the metadata service may mean.
+const NEEDS_CERTS: &str = "(A cluster started with --tls-certificates drops clients without a certificate from its CA: give --tls-certificates DIR.)";
+
 async fn connect(env: &Env, meta: &str) -> Result<Client> {
     let mut cfg = ClientConfig::new(meta.to_string());
     cfg.connect_timeout = Duration::from_secs(5);
     Client::connect(env.clone(), cfg).await.with_context(|| {
-        format!("cannot reach the metadata server at {meta}; is the cluster running (blizzard up)?")
+        format!("cannot reach the metadata server at {meta}; is the cluster running (blizzard up)? {NEEDS_CERTS}")
     })
 }
 
