@@ -248,7 +248,7 @@ pub(crate) async fn run(env: Env, cmd: KvCmd, auth: &crate::tls_cmd::ClusterAuth
             if let Some(l) = listen {
                 cfg.listen = l;
             }
-            auth.check_server(&cfg.listen, "a runtime member")?;
+            auth.require_certs("a runtime member")?;
             cfg.timing = Timing { heartbeat_ms, election_min_ms: lo, election_max_ms: hi };
             cfg.machine.apply_threads = apply_threads.max(1);
             cfg.batching = !no_batching;

@@ -54,11 +54,11 @@ struct Cli {
     /// Checked at start.
     #[arg(long, global = true, value_name = "DIR")]
     tls_certificates: Option<PathBuf>,
-    /// Run the cluster's connections without TLS where other hosts can
-    /// reach them (a metadata server, tractserver or runtime member on an
-    /// address that is not loopback refuses to start without
-    /// certificates otherwise). With --tls-certificates, `nbd` and `up`
-    /// then use them for NBD only.
+    /// Run the cluster's connections without TLS or authentication, on a
+    /// network you trust: a metadata server, tractserver or runtime member
+    /// refuses to start without certificates otherwise (and `up` on a
+    /// --meta-listen address other hosts reach). With --tls-certificates,
+    /// `nbd` and `up` then use them for NBD only.
     #[arg(long, global = true)]
     insecure: bool,
     #[command(subcommand)]
@@ -342,7 +342,7 @@ async fn run(cli: Cli) -> Result<()> {
                 (None, Some(g)) => g.peers[&g.id].clone(),
                 (None, None) => "127.0.0.1:7700".to_string(),
             };
-            auth.check_server(&listen, "a metadata server")?;
+            auth.require_certs("a metadata server")?;
             let mut cfg = MetaConfig::new(listen);
             cfg.group = group;
             cfg.grow = !no_rebalance;
@@ -479,7 +479,9 @@ async fn connect(env: &Env, meta: &str) -> Result<Client> {
     let mut cfg = ClientConfig::new(meta.to_string());
     cfg.connect_timeout = Duration::from_secs(5);
     Client::connect(env.clone(), cfg).await.with_context(|| {
-        format!("cannot reach the metadata server at {meta}; is the cluster running (blizzard up)? {NEEDS_CERTS}")
+        format!(
+            "cannot reach the metadata server at {meta}; is the cluster running (blizzard up)? {NEEDS_CERTS}"
+        )
     })
 }
 

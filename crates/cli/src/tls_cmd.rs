@@ -67,22 +67,34 @@ impl ClusterAuth {
         Ok(Env { net: std::sync::Arc::new(net), ..env.clone() })
     }
 
-    /// Refuses to serve `what` for the cluster on `listen` unauthenticated
-    /// where other hosts can reach it, unless `--insecure` says so.
-    pub(crate) fn check_server(&self, listen: &str, what: &str) -> Result<()> {
+    /// A server of a multi-process cluster (a metadata replica, a
+    /// tractserver, a runtime member) starts only with certificates, or
+    /// with `--insecure` said out loud; not with both.
+    pub(crate) fn require_certs(&self, what: &str) -> Result<()> {
+        server_auth(self.certs.is_some(), self.insecure, false).map_err(|e| anyhow::anyhow!("{what}: {e}"))
+    }
+
+    /// `blizzard up` (one process: its servers talk over in-memory pipes)
+    /// serves other processes at `listen`: plain only on loopback or a
+    /// unix socket, unless `--insecure`.
+    pub(crate) fn check_reachable(&self, listen: &str, what: &str) -> Result<()> {
         server_auth(self.certs.is_some(), self.insecure, is_loopback(listen))
             .map_err(|e| anyhow::anyhow!("{what} on {listen}: {e}"))
     }
 }
 
-/// Whether a cluster server may start (pure): with certificates always;
-/// without, on loopback or a unix socket (only this host reaches it), or
-/// anywhere with `--insecure`.
-pub(crate) fn server_auth(have_certs: bool, insecure: bool, loopback: bool) -> Result<(), String> {
-    if have_certs || insecure || loopback {
-        return Ok(());
+/// Whether a cluster server may start (pure): with certificates, or with
+/// `--insecure` (not both: it would ignore them), or where only this host
+/// reaches it (`local`: `blizzard up` on loopback).
+pub(crate) fn server_auth(have_certs: bool, insecure: bool, local: bool) -> Result<(), String> {
+    match (have_certs, insecure) {
+        (true, true) if !local => Err(
+            "--insecure runs the cluster's connections without TLS, so --tls-certificates would go unused: give one or the other".into(),
+        ),
+        (true, _) | (false, true) => Ok(()),
+        (false, false) if local => Ok(()),
+        (false, false) => Err("a cluster server needs certificates, or anyone who reaches it could join the cluster or read and write every volume: give --tls-certificates DIR (`blizzard ca init`, then `blizzard ca issue NAME --role tractserver|meta`), or --insecure to run without authentication on a network you trust".into()),
     }
-    Err("an address other hosts can reach needs certificates, or anyone there could join the cluster or read and write every volume: give --tls-certificates DIR (`blizzard ca init`, then `blizzard ca issue NAME --role tractserver|meta`), or --insecure to run unauthenticated on a network you trust".into())
 }
 
 /// The host part of a `host:port` listen address (brackets of an IPv6
@@ -301,13 +313,16 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_server_reachable_from_other_hosts_needs_certificates_or_insecure() {
-        for (certs, insecure, loopback) in [(true, false, false), (false, true, false), (false, false, true)]
-        {
-            assert_eq!(server_auth(certs, insecure, loopback), Ok(()));
-        }
+    fn a_cluster_server_needs_certificates_or_insecure() {
+        assert_eq!(server_auth(true, false, false), Ok(()));
+        assert_eq!(server_auth(false, true, false), Ok(()));
         let e = server_auth(false, false, false).expect_err("refused without certificates or --insecure");
         assert!(e.contains("--tls-certificates") && e.contains("--insecure"), "{e}");
+        assert!(server_auth(true, true, false).is_err_and(|e| e.contains("one or the other")));
+        // `up` on loopback: plain allowed, and certificates with --insecure
+        // serve NBD only.
+        assert_eq!(server_auth(false, false, true), Ok(()));
+        assert_eq!(server_auth(true, true, true), Ok(()));
     }
 
     #[test]

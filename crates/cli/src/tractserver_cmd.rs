@@ -104,7 +104,7 @@ pub(crate) async fn tractserver_cmd(env: Env, args: TractserverArgs, auth: &Clus
         fill_mbps,
         metrics,
     } = args;
-    auth.check_server(&listen, "a tractserver")?;
+    auth.require_certs("a tractserver")?;
     let mut cfg = TractServerConfig::new(disk, listen, meta);
     cfg.advertise = advertise;
     cfg.failure_domain = failure_domain;

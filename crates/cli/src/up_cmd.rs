@@ -190,7 +190,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs, auth: &ClusterAuth) -> Result
     cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
     cfg.disk_size = disk_size;
     // Other processes reach this cluster at its metadata address.
-    auth.check_server(&meta_listen, "up's metadata server (--meta-listen)")?;
+    auth.check_reachable(&meta_listen, "up's metadata server (--meta-listen)")?;
     cfg.meta_listen = meta_listen;
     cfg.meta_replicas = meta_replicas as usize;
     if hdd_tractservers > tractservers {

@@ -11,8 +11,8 @@
 //!   cannot even serve;
 //! - a tractserver without a certificate, or with one from another CA,
 //!   cannot join: the cluster keeps its two members;
-//! - a metadata server on an address other hosts reach does not start
-//!   without certificates unless `--insecure` is given.
+//! - a metadata server or tractserver does not start without
+//!   certificates unless `--insecure` is given.
 //!
 //! The metadata server's `/metrics` stays plain HTTP.
 
@@ -78,6 +78,8 @@ fn an_authenticated_cluster_serves_its_own_and_refuses_the_rest() {
     let mut metas: Vec<Proc> = (0..3)
         .map(|i| {
             let mut args = meta_args(&addrs[i], 2, 2, (i == 0).then_some(metrics.as_str()));
+            // meta_args says --insecure; this cluster has certificates.
+            args.retain(|a| a != "--insecure");
             args.extend([
                 "--id".to_string(),
                 (i + 1).to_string(),
@@ -224,21 +226,27 @@ fn an_authenticated_cluster_serves_its_own_and_refuses_the_rest() {
 }
 
 #[test]
-fn a_cluster_server_other_hosts_reach_needs_certificates_or_insecure() {
-    let listen = format!("0.0.0.0:{}", free_port());
+fn a_cluster_server_needs_certificates_or_insecure() {
+    let listen = format!("127.0.0.1:{}", free_port());
     let d = tempfile::tempdir().unwrap();
-    let log = d.path().join("meta.log");
-    // Refused at once without certificates.
-    let out = Command::new(crate::common::bin::blizzard_bin())
-        .args(["meta", "--listen", &listen])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "{text}");
-    assert!(text.contains("--insecure") && text.contains("--tls-certificates"), "{text}");
+    let refused = |args: &[&str], want: &str| {
+        let out = Command::new(crate::common::bin::blizzard_bin()).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "blizzard {args:?} started:\n{text}");
+        assert!(text.contains(want), "{text}");
+    };
+    // Refused at once without certificates, even on loopback, and with
+    // both (the certificates would go unused).
+    refused(&["meta", "--listen", &listen], "--insecure");
+    let disk = s(&d.path().join("ts.disk"));
+    refused(&["tractserver", "--disk", &disk, "--meta", &listen, "--listen", "127.0.0.1:0"], "--insecure");
+    ok(blizzard(&["ca", "init", &s(&d.path().join("ca"))]));
+    ok(blizzard(&["ca", "issue", "m", "--role", "meta", &s(&d.path().join("ca"))]));
+    let certs = s(&d.path().join("ca/m"));
+    refused(&["meta", "--listen", &listen, "--insecure", "--tls-certificates", &certs], "one or the other");
     // With --insecure it serves.
     let args: Vec<String> =
         ["meta", "--listen", &listen, "--insecure"].iter().map(|a| a.to_string()).collect();
-    let mut meta = Proc::spawn("meta", &args, log, listen.clone());
+    let mut meta = Proc::spawn("meta", &args, d.path().join("meta.log"), listen.clone());
     meta.wait_log("metadata server listening", Duration::from_secs(30));
 }

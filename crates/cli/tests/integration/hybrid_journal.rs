@@ -33,6 +33,7 @@ fn spawn_hdd_tractserver(dir: &Path, meta: &str, i: usize, metrics: &str) -> Pro
     let second = dir.join(format!("ts{i}.journal2")).display().to_string();
     let args: Vec<String> = [
         "tractserver",
+        "--insecure",
         "--disk",
         &disk,
         "--create-size",

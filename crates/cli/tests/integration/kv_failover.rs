@@ -35,6 +35,7 @@ fn serve_args(id: u64, peers: &str, dir: &std::path::Path) -> Vec<String> {
     [
         "kv",
         "serve",
+        "--insecure",
         "--id",
         &id.to_string(),
         "--peers",

@@ -354,6 +354,7 @@ fn start_cluster(dir: &Path, net: &TestNet) -> (Procs, u16) {
             &ns,
             &bin,
             "tractserver",
+            "--insecure",
             "--disk",
             &disk,
             "--create-size",

@@ -444,6 +444,7 @@ impl Separate {
         // dead.
         let meta_args = strings(&[
             "meta",
+            "--insecure",
             "--listen",
             &meta_addr,
             "--replication",
@@ -459,6 +460,7 @@ impl Separate {
             let disk = dir.join(format!("ts{i}.disk")).display().to_string();
             let args = strings(&[
                 "tractserver",
+                "--insecure",
                 "--disk",
                 &disk,
                 "--create-size",

@@ -82,8 +82,11 @@ pub fn free_port() -> u16 {
 /// `blizzard meta` arguments: 1 MiB tracts, `HEARTBEAT_MS`, `DEAD_AFTER_MS`,
 /// and Prometheus metrics at `metrics` if given.
 pub fn meta_args(listen: &str, replication: u8, tractservers: usize, metrics: Option<&str>) -> Vec<String> {
+    // No certificates: `--insecure` says so (issue 26; `cluster_tls`
+    // runs a cluster with them).
     let mut v: Vec<String> = [
         "meta",
+        "--insecure",
         "--listen",
         listen,
         "--replication",
@@ -645,6 +648,10 @@ pub fn spawn_tractserver_with(dir: &Path, meta: &str, i: usize, disk_size: &str,
     .chain(extra)
     .map(|s| s.to_string())
     .collect();
+    let mut args = args;
+    if !extra.contains(&"--tls-certificates") {
+        args.push("--insecure".to_string());
+    }
     Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
 }
 
