@@ -96,7 +96,7 @@ pub(crate) async fn accept(
     let s = tokio::select! {
         biased;
         _ = shared.shutdown.wait() => return Err(ConnError::Shutdown),
-        r = shared.env.timeout(t, acceptor.accept(stream)) => match r {
+        r = shared.env.timeout(t, acceptor.accept(blizzard_tls::transport(stream))) => match r {
             Err(_) => return failed(format!("TLS handshake not done within {t:?}")),
             Ok(Err(e)) => return failed(format!("TLS handshake failed: {e}")),
             Ok(Ok(s)) => s,

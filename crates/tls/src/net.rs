@@ -221,7 +221,7 @@ impl Net for TlsNet {
             let name = ServerName::try_from(name)
                 .map_err(|e| failed(format!("{addr}: not a host name a certificate can name: {e}")))?;
             let stream = dial.await?;
-            let handshake = TlsConnector::from(cfg).connect(name, stream);
+            let handshake = TlsConnector::from(cfg).connect(name, crate::transport(stream));
             let s = tokio::select! {
                 biased;
                 r = handshake => r.map_err(|e| failed(format!(
@@ -310,7 +310,7 @@ async fn accept_loop(
             let _permit = permit;
             let s = tokio::select! {
                 biased;
-                r = acceptor.accept(stream) => match r {
+                r = acceptor.accept(crate::transport(stream)) => match r {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::warn!(peer = %addr, error = %e, "cluster connection refused: TLS handshake failed (a peer without a certificate from this cluster's CA?)");
