@@ -31,7 +31,8 @@ use blizzard_proto::{ErrorCode, Heartbeat, Request};
 use blizzard_rpc::{Conn, RpcError};
 
 use crate::common::{
-    blizzard, free_port, http_get, meta_args, nbd, spawn_tractserver_with, tool, DumpLogsOnPanic, Proc, Procs,
+    blizzard, free_port, http_get, meta_args, nbd, replica_args, spawn_tractserver_with, tool,
+    DumpLogsOnPanic, Proc, Procs,
 };
 
 fn s(p: &Path) -> String {
@@ -73,23 +74,14 @@ fn an_authenticated_cluster_serves_its_own_and_refuses_the_rest() {
     // Three metadata replicas: their Raft traffic is mutual TLS too.
     let addrs: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
     let meta_addr = addrs.join(",");
-    let peers: Vec<String> = addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut metas: Vec<Proc> = (0..3)
         .map(|i| {
             let mut args = meta_args(&addrs[i], 2, 2, (i == 0).then_some(metrics.as_str()));
             // meta_args says --insecure; this cluster has certificates.
             args.retain(|a| a != "--insecure");
-            args.extend([
-                "--id".to_string(),
-                (i + 1).to_string(),
-                "--peers".to_string(),
-                peers.join(","),
-                "--data".to_string(),
-                s(&dir.join(format!("meta-{}", i + 1))),
-                "--tls-certificates".to_string(),
-                s(&certs(&format!("meta{}", i + 1))),
-            ]);
+            let mut args = replica_args(dir, &addrs, i, args);
+            args.extend(["--tls-certificates".to_string(), s(&certs(&format!("meta{}", i + 1)))]);
             Proc::spawn(
                 &format!("meta{}", i + 1),
                 &args,

@@ -598,11 +598,10 @@ pub async fn wait_caught_up(addrs: &[String], i: usize, leader: usize) {
     }
 }
 
-/// Replica `i` (id `i + 1`) of the metadata service at `addrs`, on
-/// [`meta_args`], its data in `dir/meta-ID` (so a restart finds its log).
-pub fn spawn_meta(dir: &Path, addrs: &[String], i: usize, replication: u8, tractservers: usize) -> Proc {
+/// `args` (a `blizzard meta` command line, [`meta_args`]) made replica
+/// `i` (id `i + 1`) of the group at `addrs`, its data in `dir/meta-ID`.
+pub fn replica_args(dir: &Path, addrs: &[String], i: usize, mut args: Vec<String>) -> Vec<String> {
     let peers: Vec<String> = addrs.iter().enumerate().map(|(j, a)| format!("{}={a}", j + 1)).collect();
-    let mut args = meta_args(&addrs[i], replication, tractservers, None);
     args.extend([
         "--id".to_string(),
         (i + 1).to_string(),
@@ -611,6 +610,13 @@ pub fn spawn_meta(dir: &Path, addrs: &[String], i: usize, replication: u8, tract
         "--data".to_string(),
         dir.join(format!("meta-{}", i + 1)).display().to_string(),
     ]);
+    args
+}
+
+/// Replica `i` (id `i + 1`) of the metadata service at `addrs`, on
+/// [`meta_args`], its data in `dir/meta-ID` (so a restart finds its log).
+pub fn spawn_meta(dir: &Path, addrs: &[String], i: usize, replication: u8, tractservers: usize) -> Proc {
+    let args = replica_args(dir, addrs, i, meta_args(&addrs[i], replication, tractservers, None));
     let name = format!("meta{}", i + 1);
     // A log per start: a restarted replica's does not overwrite the first.
     Proc::spawn(&name, &args, dir.join(format!("{name}-{}.log", free_port())), addrs[i].clone())
