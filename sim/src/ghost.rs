@@ -273,6 +273,7 @@ impl GhostStream {
                     Some(
                         Opcode::WriteTract
                             | Opcode::WriteTractCached
+                            | Opcode::WriteTracts
                             | Opcode::TrimTract
                             | Opcode::DeleteTract
                     )

@@ -476,8 +476,14 @@ async fn run(cli: Cli) -> Result<()> {
 const NEEDS_CERTS: &str = "(A cluster started with --tls-certificates drops clients without a certificate from its CA: give --tls-certificates DIR.)";
 
 async fn connect(env: &Env, meta: &str) -> Result<Client> {
+    connect_with(env, meta, |_| {}).await
+}
+
+/// [`connect`] with the client's configuration changed by `tune` first.
+async fn connect_with(env: &Env, meta: &str, tune: impl FnOnce(&mut ClientConfig)) -> Result<Client> {
     let mut cfg = ClientConfig::new(meta.to_string());
     cfg.connect_timeout = Duration::from_secs(5);
+    tune(&mut cfg);
     Client::connect(env.clone(), cfg).await.with_context(|| {
         format!(
             "cannot reach the metadata server at {meta}; is the cluster running (blizzard up)? {NEEDS_CERTS}"

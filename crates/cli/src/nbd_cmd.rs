@@ -12,7 +12,7 @@ use blizzard_env::Env;
 use blizzard_volume::PlantedBug;
 
 use crate::tls_cmd::{nbd_tls, ClusterAuth, TlsArgs, TlsHint};
-use crate::{connect, planted, print_connect, wait_for_stop_signal};
+use crate::{connect_with, planted, print_connect, wait_for_stop_signal};
 
 #[derive(Args)]
 pub(crate) struct NbdArgs {
@@ -47,6 +47,10 @@ pub(crate) struct NbdArgs {
     /// --plant`), so a real-process test can show its check fails.
     #[arg(long, hide = true, default_value = "none", value_parser = planted)]
     plant: PlantedBug,
+    /// Comparisons only: send every small write to a tractserver alone
+    /// instead of batching those ready together (`WriteTracts`).
+    #[arg(long, hide = true)]
+    no_write_batching: bool,
     /// Online upgrade: take over the listener and every live
     /// connection of the `blizzard nbd` running as process PID (or
     /// listening for successors on the hand-over socket PATH), so its
@@ -78,6 +82,7 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs, auth: &ClusterAuth) -> Resu
         take_over,
         metrics,
         plant,
+        no_write_batching,
         upgrade_from,
         upgrade_socket,
         tls,
@@ -92,7 +97,7 @@ pub(crate) async fn nbd_cmd(env: Env, args: NbdArgs, auth: &ClusterAuth) -> Resu
     // Certificates are checked before anything else starts.
     let tls = nbd_tls(&env, &tls, auth.certs.as_deref(), &listen)?;
     let hint = TlsHint::of(tls.as_ref(), None);
-    let client = connect(&env, &meta).await?;
+    let client = connect_with(&env, &meta, |c| c.batch_writes = !no_write_batching).await?;
     let mode = blizzard_nbd::OpenMode { read_only, take_over, planted: plant };
     let exports = blizzard_nbd::ClientExports::with_mode(env.clone(), client, mode);
     let cfg = blizzard_nbd::NbdConfig {

@@ -80,6 +80,8 @@ pub(crate) struct UpBacking {
     env: Env,
     cfg: ClusterConfig,
     open_mode: OpenMode,
+    /// `ClientConfig::batch_writes` of the volumes' client.
+    batch_writes: bool,
     running: tokio::sync::Mutex<Option<Running>>,
     /// What the NBD server opens volumes through: this cluster's while it
     /// runs, nothing while it is stopped.
@@ -87,11 +89,17 @@ pub(crate) struct UpBacking {
 }
 
 impl UpBacking {
-    pub(crate) fn new(env: Env, cfg: ClusterConfig, open_mode: OpenMode) -> Arc<UpBacking> {
+    pub(crate) fn new(
+        env: Env,
+        cfg: ClusterConfig,
+        open_mode: OpenMode,
+        batch_writes: bool,
+    ) -> Arc<UpBacking> {
         Arc::new(UpBacking {
             env,
             cfg,
             open_mode,
+            batch_writes,
             running: tokio::sync::Mutex::new(None),
             exports: Arc::new(SwapExports { inner: RwLock::new(None) }),
         })
@@ -112,7 +120,7 @@ impl UpBacking {
         let cluster = Cluster::start(self.env.clone(), self.cfg.clone())
             .await
             .with_context(|| format!("starting the embedded cluster in {}", self.cfg.data_dir.display()))?;
-        let client = match cluster.client().await {
+        let client = match cluster.client_with(|c| c.batch_writes = self.batch_writes).await {
             Ok(c) => c,
             Err(e) => {
                 cluster.stop().await;

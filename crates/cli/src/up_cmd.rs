@@ -128,6 +128,10 @@ pub(crate) struct UpArgs {
     /// --plant`), so a real-process test can show its check fails.
     #[arg(long, hide = true, default_value = "none", value_parser = planted)]
     plant: PlantedBug,
+    /// Comparisons only: send every small write to a tractserver alone
+    /// instead of batching those ready together (`WriteTracts`).
+    #[arg(long, hide = true)]
+    no_write_batching: bool,
     /// Online upgrade: take over from the `blizzard up` running as
     /// process PID (or listening for successors on the hand-over socket
     /// PATH) on the same data directory. It answers what is in flight,
@@ -178,6 +182,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs, auth: &ClusterAuth) -> Result
         check,
         s3,
         cache_size,
+        no_write_batching,
         metrics,
         plant,
         upgrade_from,
@@ -214,7 +219,7 @@ pub(crate) async fn up_cmd(env: Env, args: UpArgs, auth: &ClusterAuth) -> Result
     // it names the new binary, which SIGUSR2 starts.
     let exe = std::env::current_exe().context("finding this binary's path")?;
     let open_mode = blizzard_nbd::OpenMode { planted: plant, ..Default::default() };
-    let backing = UpBacking::new(env.clone(), cfg, open_mode);
+    let backing = UpBacking::new(env.clone(), cfg, open_mode, !no_write_batching);
     let creds = up_credentials(&env, &data, &tls, auth.certs.as_deref(), &listen)?;
     let nbd_tls = nbd_tls(&env, &tls, creds.as_ref().map(|c| c.0.as_path()), &listen)?;
     let hint = TlsHint::of(nbd_tls.as_ref(), creds.and_then(|c| c.1));

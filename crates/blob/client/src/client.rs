@@ -46,6 +46,10 @@ pub struct ClientConfig {
     /// from here. On one machine there is no link to save, and a forwarded
     /// write pays a hop more (docs/benchmarks.md).
     pub forward_above: Option<u32>,
+    /// Small writes to one tractserver that are ready together travel in
+    /// one request (`WriteTracts`, issue 24 point 1); `false` sends each
+    /// alone (comparisons only).
+    pub batch_writes: bool,
 }
 
 impl ClientConfig {
@@ -60,6 +64,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(30),
             large_transfer_min: Some(blizzard_rpc::LARGE_TRANSFER_MIN),
             forward_above: None,
+            batch_writes: true,
         }
     }
 }
@@ -218,7 +223,7 @@ impl Client {
     /// Connects to the metadata server and fetches the TLT, waiting up to
     /// `connect_timeout` for the cluster to have one.
     pub async fn connect(env: Env, cfg: ClientConfig) -> Result<Client, ClientError> {
-        let pool = Pool::new(env.clone(), cfg.request_timeout, cfg.large_transfer_min);
+        let pool = Pool::new(env.clone(), cfg.request_timeout, cfg.large_transfer_min, cfg.batch_writes);
         let meta = MetaService::parse(&env, &cfg.meta)
             .map_err(|message| ClientError::Meta { addr: cfg.meta.clone(), message })?;
         let deadline = env.now() + cfg.connect_timeout;
@@ -279,6 +284,12 @@ impl Client {
 
     pub fn stats(&self) -> &ClientStats {
         &self.inner.stats
+    }
+
+    /// Requests to tractservers that carried more than one write (small
+    /// writes ready together, `WriteTracts`), and the writes they carried.
+    pub fn batch_counts(&self) -> (u64, u64) {
+        self.inner.pool.batch_counts()
     }
 
     /// The boot id `addr` last reported to this client, if any.

@@ -20,6 +20,7 @@
 //! Every request carries the row's version; a tractserver that disagrees
 //! makes the client fetch the table again and retry.
 
+mod batch;
 mod blob;
 mod client;
 mod lease;

@@ -17,7 +17,7 @@
 //! connections still deliver (`blizzard_rpc::Caller`): a write given up on
 //! and retried cannot land after a newer one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,8 +25,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use blizzard_env::Env;
-use blizzard_proto::{Reply, Request};
+use blizzard_proto::{Reply, Request, TractAddr};
 use blizzard_rpc::{RpcConn, RpcError};
+
+use crate::batch::{self, Pending, Queue, BATCH_WRITE_MAX};
 
 /// Messages carrying more data than this use the bulk connection.
 pub const BULK_THRESHOLD: usize = 64 << 10;
@@ -47,6 +49,14 @@ enum Lane {
 type Slot = Arc<tokio::sync::Mutex<Option<(RpcConn, u64)>>>;
 
 pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+/// Small writes waiting for a server (`batch`), by (server, cached).
+type Queues = BTreeMap<(String, bool), Arc<Mutex<Queue>>>;
+
+/// The pool's state, shared with the batch senders it starts.
+struct PoolInner {
     env: Env,
     timeout: Duration,
     /// Requests with at least this much data ask before they send.
@@ -60,6 +70,15 @@ pub struct Pool {
     epochs: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
     /// Bytes of large replies that may be outstanding (`PULL_WINDOW_BYTES`).
     pulls: tokio::sync::Semaphore,
+    /// Whether small writes are batched (`batch`).
+    batching: bool,
+    queues: Mutex<Queues>,
+    /// Servers that answered a batch with `UnknownOpcode` (an older
+    /// version): they get each write alone.
+    unbatched: Mutex<BTreeSet<String>>,
+    /// Requests that carried more than one write, and those writes.
+    batches: AtomicU64,
+    batched_writes: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -70,9 +89,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pool {
-    pub fn new(env: Env, timeout: Duration, rts_min: Option<u32>) -> Pool {
+    /// `batching`: whether small writes to one server that are ready
+    /// together go in one request (`batch`).
+    pub fn new(env: Env, timeout: Duration, rts_min: Option<u32>, batching: bool) -> Pool {
         let session = env.random_u64();
-        Pool {
+        let inner = PoolInner {
             env,
             timeout,
             rts_min,
@@ -80,9 +101,137 @@ impl Pool {
             conns: Mutex::new(BTreeMap::new()),
             epochs: Mutex::new(BTreeMap::new()),
             pulls: tokio::sync::Semaphore::new(PULL_WINDOW_BYTES as usize),
+            batching,
+            queues: Mutex::new(BTreeMap::new()),
+            unbatched: Mutex::new(BTreeSet::new()),
+            batches: AtomicU64::new(0),
+            batched_writes: AtomicU64::new(0),
+        };
+        Pool { inner: Arc::new(inner) }
+    }
+
+    /// Requests that carried more than one write (`batch`), and the
+    /// writes they carried.
+    pub fn batch_counts(&self) -> (u64, u64) {
+        (self.inner.batches.load(Ordering::Relaxed), self.inner.batched_writes.load(Ordering::Relaxed))
+    }
+
+    /// The epoch this pool's requests to `addr` travel at now: a write
+    /// forwarded there acts for it (`Request::WriteTractForward`).
+    pub fn epoch(&self, addr: &str) -> u64 {
+        self.inner.epoch_of(addr).load(Ordering::Acquire)
+    }
+
+    /// Raises `addr`'s epoch, as a failed connection to it does: a
+    /// forwarded copy sent for the old epoch may still land there, so
+    /// everything sent afterwards, directly (the next request dials
+    /// again) or forwarded, travels at a newer one, which refuses it.
+    pub fn fence(&self, addr: &str) {
+        self.inner.epoch_of(addr).fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Sends `req` to `addr` on the lane its size calls for; a small write
+    /// may travel in a batch with others to the same server (`batch`).
+    pub async fn call(&self, addr: &str, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
+        // A server in this process takes each request as a value, with no
+        // frame to save, and joining a batch's data would copy it.
+        let batchable = self.inner.batching
+            && !addr.is_empty()
+            && data.len() <= BATCH_WRITE_MAX
+            && self.inner.env.net.endpoint(addr).is_none();
+        match req {
+            Request::WriteTract { addr: a, offset, crcs } if batchable => {
+                self.batched(addr, false, *a, *offset, crcs, data).await
+            }
+            Request::WriteTractCached { addr: a, offset, crcs } if batchable => {
+                self.batched(addr, true, *a, *offset, crcs, data).await
+            }
+            _ => self.inner.call(addr, req, data).await,
         }
     }
 
+    /// Queues a small write for `server` and waits for its answer; starts
+    /// a sender if none is on its way. The sender is a task of its own, so
+    /// a caller that gives up (a timeout) never strands the writes queued
+    /// with its own.
+    async fn batched(
+        &self,
+        server: &str,
+        cached: bool,
+        addr: TractAddr,
+        offset: u32,
+        crcs: &[u32],
+        data: Bytes,
+    ) -> Result<(Reply, Bytes), RpcError> {
+        if lock(&self.inner.unbatched).contains(server) {
+            return self.inner.call(server, &batch::single_request(cached, addr, offset, crcs), data).await;
+        }
+        let queue = lock(&self.inner.queues).entry((server.to_string(), cached)).or_default().clone();
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let start = lock(&queue).push(Pending { addr, offset, crcs: crcs.to_vec(), data, done });
+        if start {
+            tokio::spawn(send_batch(self.inner.clone(), server.to_string(), cached, queue));
+        }
+        answer.await.unwrap_or_else(|_| Err(RpcError::ConnectionLost(server.to_string())))
+    }
+}
+
+/// A batch sender (`batch`): takes what waits for `server` and sends it,
+/// starting another sender first for what does not fit. Takes the
+/// server's current connection, so one that failed is dialled again (at a
+/// new epoch) as a single request's retry would.
+fn send_batch(
+    inner: Arc<PoolInner>,
+    server: String,
+    cached: bool,
+    queue: Arc<Mutex<Queue>>,
+) -> futures::future::BoxFuture<'static, ()> {
+    Box::pin(send_batch_now(inner, server, cached, queue))
+}
+
+async fn send_batch_now(inner: Arc<PoolInner>, server: String, cached: bool, queue: Arc<Mutex<Queue>>) {
+    let conn = match inner.conn(&server, Lane::Control).await {
+        Ok(c) => c,
+        Err(e) => {
+            for p in lock(&queue).give_up() {
+                let _ = p.done.send(Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let (batch, more) = lock(&queue).take();
+    if more {
+        tokio::spawn(send_batch(inner.clone(), server.clone(), cached, queue));
+    }
+    if batch.is_empty() {
+        return;
+    }
+    if batch.len() > 1 {
+        inner.batches.fetch_add(1, Ordering::Relaxed);
+        inner.batched_writes.fetch_add(batch.len() as u64, Ordering::Relaxed);
+    }
+    let (req, data, rest) = batch::request(cached, &batch);
+    let res = conn.call_timeout_pieces(&inner.env, inner.timeout, &req, data, rest).await;
+    if batch.len() > 1 && batch::unknown_to(&res) {
+        tracing::info!(%server, "tractserver does not take batched writes (an older version); sending them one by one");
+        lock(&inner.unbatched).insert(server.clone());
+        let (inner, server) = (&inner, &server);
+        let alone = batch
+            .iter()
+            .map(|p| async move { inner.call(server, &batch::single(cached, p), p.data.clone()).await });
+        let answers = futures::future::join_all(alone).await;
+        for (p, a) in batch.into_iter().zip(answers) {
+            let _ = p.done.send(a);
+        }
+        return;
+    }
+    let n = batch.len();
+    for (p, a) in batch.into_iter().zip(batch::outcomes(&server, cached, n, res)) {
+        let _ = p.done.send(a);
+    }
+}
+
+impl PoolInner {
     async fn conn(&self, addr: &str, lane: Lane) -> Result<RpcConn, RpcError> {
         let slot = lock(&self.conns).entry((addr.to_string(), lane)).or_default().clone();
         let epoch = self.epoch_of(addr);
@@ -127,22 +276,8 @@ impl Pool {
         lock(&self.epochs).entry(addr.to_string()).or_insert_with(|| Arc::new(AtomicU64::new(1))).clone()
     }
 
-    /// The epoch this pool's requests to `addr` travel at now: a write
-    /// forwarded there acts for it (`Request::WriteTractForward`).
-    pub fn epoch(&self, addr: &str) -> u64 {
-        self.epoch_of(addr).load(Ordering::Acquire)
-    }
-
-    /// Raises `addr`'s epoch, as a failed connection to it does: a
-    /// forwarded copy sent for the old epoch may still land there, so
-    /// everything sent afterwards, directly (the next request dials
-    /// again) or forwarded, travels at a newer one, which refuses it.
-    pub fn fence(&self, addr: &str) {
-        self.epoch_of(addr).fetch_add(1, Ordering::AcqRel);
-    }
-
     /// Sends `req` to `addr` on the lane its size calls for.
-    pub async fn call(&self, addr: &str, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
+    async fn call(&self, addr: &str, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
         if addr.is_empty() {
             return Err(RpcError::Connect {
                 addr: "?".into(),
@@ -254,8 +389,12 @@ mod tests {
         let window = (PULL_WINDOW_BYTES / tract as u64) as usize;
         assert_eq!(window, 2);
 
-        let pool =
-            Arc::new(Pool::new(env.clone(), Duration::from_secs(30), Some(blizzard_rpc::LARGE_TRANSFER_MIN)));
+        let pool = Arc::new(Pool::new(
+            env.clone(),
+            Duration::from_secs(30),
+            Some(blizzard_rpc::LARGE_TRANSFER_MIN),
+            true,
+        ));
         let spawn_reads = |pool: &Arc<Pool>, n: usize, len: u32| {
             (0..n)
                 .map(|_| {
@@ -277,7 +416,7 @@ mod tests {
             r.await??;
         }
 
-        let unlimited = Arc::new(Pool::new(env.clone(), Duration::from_secs(30), None));
+        let unlimited = Arc::new(Pool::new(env.clone(), Duration::from_secs(30), None, true));
         let reads = spawn_reads(&unlimited, 4, tract);
         until_held(&env, &server, 4).await?;
         server.gate.add_permits(4);

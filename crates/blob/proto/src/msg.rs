@@ -12,7 +12,7 @@ use crate::codec::{DecodeError, Reader, Wire, Writer};
 use crate::wire_struct;
 
 mod reply;
-pub use reply::{decode_response, encode_response, ErrorCode, ErrorReply, Reply};
+pub use reply::{decode_response, encode_response, BatchFailure, ErrorCode, ErrorReply, Reply};
 
 /// Operation codes. The high byte groups them by who serves them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -45,6 +45,9 @@ pub enum Opcode {
     // Incremental repair (Ursa §4.2.1): a member back in a row it held
     // fetches only the chunks of a tract that differ from what it holds.
     CopyTractChanges = 0x010C,
+    // Several small writes to one server that were ready together, in one
+    // frame (`WriteTract` or `WriteTractCached` each).
+    WriteTracts = 0x010D,
     // Blob metadata, served by a row's primary (FDS §2.3, §3.1).
     CreateBlob = 0x0201,
     ExtendBlob = 0x0202,
@@ -69,7 +72,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 30] = [
+    pub const ALL: [Opcode; 31] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -84,6 +87,7 @@ impl Opcode {
         Opcode::DigestTract,
         Opcode::WriteTractForward,
         Opcode::CopyTractChanges,
+        Opcode::WriteTracts,
         Opcode::CreateBlob,
         Opcode::ExtendBlob,
         Opcode::DeleteBlob,
@@ -146,6 +150,20 @@ wire_struct!(Onward { addr: String, epoch: u64 });
 /// Most addresses one `WriteTractForward` names: a row's other members and
 /// their pending members.
 pub const FORWARD_TO_MAX: usize = 2 * blizzard_core::limits::REPLICATION_MAX as usize;
+
+/// One write of a [`Request::WriteTracts`]: its `len` bytes are the next
+/// ones of the frame's data part, in the order of the list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchedWrite {
+    pub addr: TractAddr,
+    pub offset: u32,
+    pub len: u32,
+    pub crcs: Vec<u32>,
+}
+wire_struct!(BatchedWrite { addr: TractAddr, offset: u32, len: u32, crcs: Vec<u32> });
+
+/// Most writes one `WriteTracts` carries.
+pub const WRITE_BATCH_MAX: usize = 64;
 
 /// Most entries a `Reply::Digest` may hold: one per chunk of the largest
 /// tract.
@@ -301,6 +319,18 @@ pub enum Request {
         to: Vec<Onward>,
         on_behalf: Option<OnBehalf>,
     },
+    /// Several writes to this server in one frame, each as its own
+    /// `WriteTract` (or `WriteTractCached` when `cached`) would be: checked,
+    /// fenced and applied on its own, concurrently, so the durable ones
+    /// share the server's group commits. The data part is the writes' data,
+    /// one after another. The reply (`Reply::Batch`) lists the writes that
+    /// failed, each with its own error; a request that is malformed as a
+    /// whole (more than [`WRITE_BATCH_MAX`] writes, lengths that do not add
+    /// up to the data) fails as a whole and applies nothing.
+    WriteTracts {
+        cached: bool,
+        writes: Vec<BatchedWrite>,
+    },
     /// Make every write this server has acknowledged durable; the reply
     /// carries the boot id (a different one than a cached write's reply
     /// means the server restarted in between and the write may be lost).
@@ -422,6 +452,7 @@ impl Request {
             Request::DigestTract { .. } => Opcode::DigestTract,
             Request::WriteTractCached { .. } => Opcode::WriteTractCached,
             Request::WriteTractForward { .. } => Opcode::WriteTractForward,
+            Request::WriteTracts { .. } => Opcode::WriteTracts,
             Request::SyncDisk => Opcode::SyncDisk,
             Request::ListRowTracts { .. } => Opcode::ListRowTracts,
             Request::CopyTract { .. } => Opcode::CopyTract,
@@ -468,6 +499,10 @@ impl Request {
                 crcs.put(&mut w);
                 to.put(&mut w);
                 on_behalf.put(&mut w);
+            }
+            Request::WriteTracts { cached, writes } => {
+                cached.put(&mut w);
+                writes.put(&mut w);
             }
             Request::ReadTract { addr, offset, len } => {
                 addr.put(&mut w);
@@ -574,6 +609,17 @@ impl Request {
                     return Err(DecodeError::BadValue { field: "forward addresses", value: to.len() as u64 });
                 }
                 Request::WriteTractForward { addr, offset, crcs, to, on_behalf: Wire::get(r)? }
+            }
+            Opcode::WriteTracts => {
+                let cached = Wire::get(r)?;
+                let writes: Vec<BatchedWrite> = Wire::get(r)?;
+                if writes.len() > WRITE_BATCH_MAX {
+                    return Err(DecodeError::BadValue {
+                        field: "batched writes",
+                        value: writes.len() as u64,
+                    });
+                }
+                Request::WriteTracts { cached, writes }
             }
             Opcode::ReadTract => {
                 Request::ReadTract { addr: Wire::get(r)?, offset: Wire::get(r)?, len: Wire::get(r)? }

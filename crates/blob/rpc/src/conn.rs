@@ -328,8 +328,20 @@ impl<P: Protocol> Conn<P> {
         req: &P::Request,
         data: Bytes,
     ) -> Result<(P::Reply, Bytes), RpcError> {
+        self.call_timeout_pieces(env, timeout, req, data, Vec::new()).await
+    }
+
+    /// [`Conn::call_pieces`] with a deadline.
+    pub async fn call_timeout_pieces(
+        &self,
+        env: &Env,
+        timeout: std::time::Duration,
+        req: &P::Request,
+        data: Bytes,
+        more: Vec<Bytes>,
+    ) -> Result<(P::Reply, Bytes), RpcError> {
         let granted = AtomicBool::new(false);
-        match env.timeout(timeout, self.call_flow(req, data, Vec::new(), &granted)).await {
+        match env.timeout(timeout, self.call_flow(req, data, more, &granted)).await {
             Ok(r) => r,
             // Still waiting for a clear-to-send: said apart from a lost
             // reply, though the connection is given up on all the same

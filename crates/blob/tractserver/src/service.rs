@@ -27,7 +27,8 @@ use blizzard_core::{BlobId, TractNo, TsId};
 use blizzard_env::Env;
 use blizzard_proto::codec::encode;
 use blizzard_proto::{
-    Assignment, BlobMeta, ErrorCode, ErrorReply, OnBehalf, Onward, Reply, Request, TractAddr, FORWARD_TO_MAX,
+    Assignment, BatchFailure, BatchedWrite, BlobMeta, ErrorCode, ErrorReply, OnBehalf, Onward, Reply,
+    Request, TractAddr, FORWARD_TO_MAX, WRITE_BATCH_MAX,
 };
 use blizzard_rpc::{Caller, RpcError, Service};
 
@@ -239,6 +240,9 @@ impl TractService {
             Request::WriteTractForward { addr, offset, crcs, to, on_behalf } => {
                 none(self.write_forward(&addr, offset, &crcs, &to, on_behalf, data, &caller).await)
             }
+            Request::WriteTracts { cached, writes } => {
+                none(self.write_batch(cached, &writes, data, &caller).await)
+            }
             Request::SyncDisk => none(self.sync_disk().await),
             Request::ReadTract { addr, offset, len } => match self.read_tract(&addr, offset, len).await {
                 Ok((reply, data)) => (Ok(reply), data),
@@ -416,6 +420,34 @@ impl TractService {
             }
         }
         Ok(Reply::Done)
+    }
+
+    /// `WriteTracts`: each write as its own `WriteTract` (or
+    /// `WriteTractCached`), all at once, so the durable ones share group
+    /// commits. A batch malformed as a whole is refused before any write
+    /// runs; otherwise each write's failure is its own.
+    async fn write_batch(
+        &self,
+        cached: bool,
+        writes: &[BatchedWrite],
+        data: Bytes,
+        caller: &Caller,
+    ) -> Result<Reply, ErrorReply> {
+        let parts = split_batch(writes, &data)?;
+        let durable = if cached { Durability::Cached } else { Durability::Synced };
+        let results = futures::future::join_all(
+            writes
+                .iter()
+                .zip(parts)
+                .map(|(w, d)| self.write_tract(&w.addr, w.offset, &w.crcs, d, durable, caller)),
+        )
+        .await;
+        let failed = results
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.err().map(|error| BatchFailure { index: i as u32, error }))
+            .collect();
+        Ok(Reply::Batch { boot: self.boot, failed })
     }
 
     /// `SyncDisk`: makes every cached write durable.
@@ -734,6 +766,34 @@ impl TractService {
 }
 
 /// The refusal of a request whose writer epoch is older than `newest`.
+/// Each write's data in a `WriteTracts` (slices of `data`, no copies), or
+/// why the batch is malformed: too many writes, or lengths that do not add
+/// up to the data part.
+fn split_batch(writes: &[BatchedWrite], data: &Bytes) -> Result<Vec<Bytes>, ErrorReply> {
+    if writes.len() > WRITE_BATCH_MAX {
+        return Err(ErrorReply::new(
+            ErrorCode::BadRequest,
+            format!("{} writes in one batch; at most {WRITE_BATCH_MAX}", writes.len()),
+        ));
+    }
+    let total: u64 = writes.iter().map(|w| u64::from(w.len)).sum();
+    if total != data.len() as u64 {
+        return Err(ErrorReply::new(
+            ErrorCode::BadRequest,
+            format!("the batch's writes add up to {total} bytes but {} came", data.len()),
+        ));
+    }
+    let mut at = 0usize;
+    Ok(writes
+        .iter()
+        .map(|w| {
+            let part = data.slice(at..at + w.len as usize);
+            at += w.len as usize;
+            part
+        })
+        .collect())
+}
+
 fn fenced(a: &TractAddr, newest: u64) -> ErrorReply {
     ErrorReply {
         code: ErrorCode::Fenced,
@@ -780,5 +840,36 @@ impl Service for TractService {
             r
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(len: u32) -> BatchedWrite {
+        let addr =
+            TractAddr { blob: BlobId(1), incarnation: 1, tract: TractNo(0), row_version: 1, writer: 0 };
+        BatchedWrite { addr, offset: 0, len, crcs: vec![] }
+    }
+
+    /// A batch's data is cut into its writes without copying; a batch
+    /// whose lengths do not add up, or with too many writes, is refused
+    /// whole.
+    #[test]
+    fn a_batch_splits_into_its_writes_or_is_refused_whole() {
+        let data = Bytes::from((0..30u8).collect::<Vec<_>>());
+        let parts = split_batch(&[write(10), write(0), write(20)], &data).expect("well-formed");
+        assert_eq!(parts.iter().map(Bytes::len).collect::<Vec<_>>(), [10, 0, 20]);
+        assert_eq!(parts[2][0], 10);
+        assert_eq!(parts[2].as_ptr(), data[10..].as_ptr(), "copied");
+        for bad in [vec![write(10), write(19)], vec![write(10), write(21)], vec![write(u32::MAX), write(31)]]
+        {
+            let e = split_batch(&bad, &data).expect_err("lengths do not add up");
+            assert_eq!(e.code, ErrorCode::BadRequest);
+        }
+        let many = vec![write(0); WRITE_BATCH_MAX + 1];
+        assert_eq!(split_batch(&many, &Bytes::new()).expect_err("too many").code, ErrorCode::BadRequest);
+        assert!(split_batch(&[], &Bytes::new()).expect("empty").is_empty());
     }
 }

@@ -308,6 +308,63 @@ async fn an_older_writer_is_fenced_once_a_newer_one_digested() -> R {
     Ok(())
 }
 
+/// Small writes ready together travel to each tractserver in batches
+/// (`WriteTracts`, issue 24 point 1), and each write in a batch gets its
+/// own answer: 48 writes of a current writer land on every replica while
+/// 16 of a fenced one, sent in the same moment to the same servers, fail
+/// as `Fenced` and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_ready_together_are_batched_and_each_gets_its_own_answer() -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir, Duration::ZERO).await;
+    let client = c.client().await?;
+    let created = client.create_blob(None, 3).await?;
+    created.extend_to(16).await?;
+    let a = client.open_blob(created.id()).await?;
+    a.set_writer(5);
+    for t in 0..16 {
+        a.write(t, 0, Bytes::from(pattern(t as u8, 4096))).await?;
+    }
+    let b = client.open_blob(created.id()).await?;
+    b.set_writer(4);
+    let before = client.batch_counts();
+
+    let current = (0..48u64).map(|i| {
+        let (t, at) = (i % 16, 4096 * (1 + i / 16) as u32);
+        let a = &a;
+        async move { (t, at, a.write(t, at, Bytes::from(pattern(100 + i as u8, 4096))).await) }
+    });
+    let stale = (0..16u64).map(|t| {
+        let b = &b;
+        async move { b.write(t, 0, Bytes::from(pattern(200, 4096))).await }
+    });
+    let (current, stale) =
+        futures::join!(futures::future::join_all(current), futures::future::join_all(stale));
+    for (t, at, r) in &current {
+        assert!(r.is_ok(), "writer 5's write to tract {t} at {at}: {r:?}");
+    }
+    for r in stale {
+        assert!(matches!(r, Err(ClientError::Fenced { newest: 5, .. })), "writer 4's write: {r:?}");
+    }
+    let (batches, writes) = client.batch_counts();
+    assert!(
+        batches > before.0 && writes - before.1 >= 2 * (batches - before.0),
+        "({batches}, {writes}) after {before:?}"
+    );
+
+    for t in 0..16u64 {
+        let mut want = pattern(t as u8, 4096);
+        for i in (0..48u64).filter(|i| i % 16 == t) {
+            want.extend_from_slice(&pattern(100 + i as u8, 4096));
+        }
+        for r in a.read_replicas(t, 0, want.len() as u32).await? {
+            assert!(r[..] == want[..], "tract {t}: a replica differs");
+        }
+    }
+    c.stop().await;
+    Ok(())
+}
+
 /// A change of an older writer that was admitted on arrival, but reaches
 /// the tract only after a newer writer's digest raised the fence (here it
 /// waits for the tract's lock, held by an earlier write sitting in a slow

@@ -152,6 +152,14 @@ pub enum Reply {
     Boot {
         boot: u64,
     },
+    /// `WriteTracts`: the writes that failed (by their place in the
+    /// request), each with its own error; every other one was applied as
+    /// its own request would have been. `boot` is the server's boot id
+    /// (for cached writes, as `Boot`).
+    Batch {
+        boot: u64,
+        failed: Vec<BatchFailure>,
+    },
     /// A page of `ListRowTracts`; `more` when another page follows.
     RowTracts {
         tracts: Vec<RowTract>,
@@ -191,6 +199,15 @@ pub enum Reply {
     VolumeLease(VolumeLease),
 }
 
+/// One write of a `WriteTracts` that failed: its place in the request and
+/// its error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchFailure {
+    pub index: u32,
+    pub error: ErrorReply,
+}
+crate::wire_struct!(BatchFailure { index: u32, error: ErrorReply });
+
 const STATUS_OK: u16 = 0;
 const STATUS_ERR: u16 = 1;
 
@@ -209,6 +226,10 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::Read { crcs } => crcs.put(&mut w),
                 Reply::Mapped { bitmap } => bitmap.put(&mut w),
                 Reply::Boot { boot } => boot.put(&mut w),
+                Reply::Batch { boot, failed } => {
+                    boot.put(&mut w);
+                    failed.put(&mut w);
+                }
                 Reply::Digest { chunks } => chunks.put(&mut w),
                 Reply::RowTracts { tracts, more } => {
                     tracts.put(&mut w);
@@ -261,6 +282,14 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
             Opcode::DigestTract => Reply::Digest { chunks: get_digest(r)? },
             Opcode::WriteTractCached | Opcode::SyncDisk => Reply::Boot { boot: Wire::get(r)? },
+            Opcode::WriteTracts => {
+                let boot = Wire::get(r)?;
+                let failed: Vec<BatchFailure> = Wire::get(r)?;
+                if failed.len() > WRITE_BATCH_MAX {
+                    return Err(DecodeError::BadValue { field: "failed writes", value: failed.len() as u64 });
+                }
+                Reply::Batch { boot, failed }
+            }
             Opcode::ListBlobs => Reply::Blobs(Wire::get(r)?),
             Opcode::ListRowTracts => Reply::RowTracts { tracts: Wire::get(r)?, more: Wire::get(r)? },
             Opcode::CopyTract => {

@@ -65,6 +65,19 @@ pub(crate) fn samples() -> Vec<Request> {
             to: vec![],
             on_behalf: Some(OnBehalf { session: 7, epoch: 2 }),
         },
+        Request::WriteTracts {
+            cached: false,
+            writes: vec![
+                BatchedWrite { addr: addr(), offset: 0, len: 4096, crcs: vec![9] },
+                BatchedWrite {
+                    addr: TractAddr { tract: TractNo(3), ..addr() },
+                    offset: 8192,
+                    len: 10,
+                    crcs: vec![1],
+                },
+            ],
+        },
+        Request::WriteTracts { cached: true, writes: vec![] },
         Request::SyncDisk,
         Request::ListRowTracts { row: 4, row_version: 5, after: None },
         Request::ListRowTracts {
@@ -160,6 +173,21 @@ fn responses_round_trip() {
         (Opcode::ReadTract, Ok(Reply::Read { crcs: vec![1, 2, 3] })),
         (Opcode::MappedTract, Ok(Reply::Mapped { bitmap: vec![0b1010_0001, 0, 0xff] })),
         (Opcode::WriteTractCached, Ok(Reply::Boot { boot: 0x0123_4567_89ab_cdef })),
+        (Opcode::WriteTracts, Ok(Reply::Batch { boot: 3, failed: vec![] })),
+        (
+            Opcode::WriteTracts,
+            Ok(Reply::Batch {
+                boot: 4,
+                failed: vec![BatchFailure {
+                    index: 2,
+                    error: ErrorReply {
+                        code: ErrorCode::StaleVersion,
+                        current_version: 9,
+                        message: "row".into(),
+                    },
+                }],
+            }),
+        ),
         (Opcode::DigestTract, Ok(Reply::Digest { chunks: vec![] })),
         (
             Opcode::DigestTract,
@@ -350,4 +378,22 @@ fn too_many_forward_addresses_are_refused() {
     let to = vec![Onward { addr: "a:1".into(), epoch: 1 }; FORWARD_TO_MAX + 1];
     let req = Request::WriteTractForward { addr: addr(), offset: 0, crcs: vec![], to, on_behalf: None };
     assert!(Request::decode(Opcode::WriteTractForward, &req.encode()).is_err());
+}
+
+/// A batch holds at most `WRITE_BATCH_MAX` writes, and its reply at most
+/// as many failures; the largest of each decodes.
+#[test]
+fn batches_are_bounded() {
+    let one = BatchedWrite { addr: addr(), offset: 0, len: 4096, crcs: vec![7] };
+    for (n, ok) in [(WRITE_BATCH_MAX, true), (WRITE_BATCH_MAX + 1, false)] {
+        let req = Request::WriteTracts { cached: false, writes: vec![one.clone(); n] };
+        assert_eq!(Request::decode(Opcode::WriteTracts, &req.encode()).is_ok(), ok, "{n} writes");
+        let failure = BatchFailure { index: 1, error: ErrorReply::new(ErrorCode::Fenced, "x") };
+        let reply = Ok(Reply::Batch { boot: 1, failed: vec![failure; n] });
+        assert_eq!(
+            decode_response(Opcode::WriteTracts, &encode_response(&reply)).is_ok(),
+            ok,
+            "{n} failures"
+        );
+    }
 }
