@@ -2,12 +2,15 @@
 //! files or block devices accessed with positional I/O on tokio's blocking
 //! pool, made durable with `fdatasync`.
 //!
-//! Disks are opened twice: buffered, and with `O_DIRECT` where the file
-//! system allows it. Writes go through the page cache, all but the largest;
-//! the group commit's `fdatasync` sends them to the device together. Large
-//! aligned reads, writes of at least [`DIRECT_WRITE_MIN`] (a blob's whole
-//! tracts, a newcomer's copies) and the zero-fill go direct, so moving
-//! gigabytes through does not fill the cache. The kernel keeps the two
+//! Disks are opened three times: buffered, with `O_DIRECT` where the file
+//! system allows it, and read-only with readahead off (the probe). Writes
+//! go through the page cache, all but the largest; the group commit's
+//! `fdatasync` sends them to the device together. Large aligned reads
+//! are copied from the page cache when the range is there (looked for
+//! through the probe without waiting for the device, [`read_cached`]),
+//! else read direct; writes of at least [`DIRECT_WRITE_MIN`] (a blob's
+//! whole tracts, a newcomer's copies) and the zero-fill go direct, so
+//! moving gigabytes through does not fill the cache. The kernel keeps the two
 //! views of a range coherent (a direct write first writes back and drops
 //! the cached pages it covers), and `fdatasync` flushes the device's cache
 //! for both.
@@ -241,6 +244,10 @@ struct RealDisk {
     file: Arc<File>,
     /// The same file opened with O_DIRECT, if the file system supports it.
     direct: Option<Arc<File>>,
+    /// The same file again, read-only, with readahead off
+    /// (`POSIX_FADV_RANDOM`): large reads look in the page cache through
+    /// it first ([`read_cached`]).
+    probe: Option<Arc<File>>,
     len: u64,
     /// How long this disk's last `fdatasync` took, in microseconds.
     last_sync_us: Arc<AtomicU64>,
@@ -317,6 +324,49 @@ fn write_blocking(file: &File, direct: Option<&File>, offset: u64, data: &Bytes)
     }
 }
 
+/// Fills `buf` from the page cache if the range is there, without
+/// waiting for the device: true if it did. A large read of data written
+/// or read moments ago (a volume read back after a sequential fill) is
+/// then a copy instead of a device read; the device's own rate was the
+/// bound of 1 MiB reads here (`docs/benchmarks.md`).
+///
+/// `probe` has readahead off, so looking costs at most one page on a
+/// miss: the first page is asked for with `RWF_NOWAIT`, then the last,
+/// then the rest. A plain `RWF_NOWAIT` read of the whole range would on a
+/// miss start the device reading it into the cache (readahead, or the
+/// whole range with readahead off), and the direct read that follows
+/// would read it a second time. Measured on this kernel (6.18): eight
+/// 4 KiB probes of a cold file with readahead off left 32 KiB in the
+/// cache; eight 1 MiB `RWF_NOWAIT` reads left 8 MiB.
+fn read_cached(probe: &File, buf: &mut [u8], offset: u64) -> bool {
+    const PAGE: usize = 4096;
+    let len = buf.len();
+    if len < 2 * PAGE {
+        return false;
+    }
+    let nowait = |b: &mut [u8], at: usize| -> bool {
+        let mut done = 0;
+        while done < b.len() {
+            let mut bufs = [io::IoSliceMut::new(&mut b[done..])];
+            match rustix::io::preadv2(
+                probe,
+                &mut bufs,
+                offset + (at + done) as u64,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            ) {
+                Ok(n) if n > 0 => done += n,
+                // A miss (EAGAIN), the end of the file, or an error: the
+                // direct read decides.
+                _ => return false,
+            }
+        }
+        true
+    };
+    let (first, rest) = buf.split_at_mut(PAGE);
+    let (middle, last) = rest.split_at_mut(len - 2 * PAGE);
+    nowait(first, 0) && nowait(last, len - PAGE) && nowait(middle, PAGE)
+}
+
 fn direct_ok(offset: u64, len: usize) -> bool {
     offset.is_multiple_of(DIRECT_IO_ALIGN as u64) && len.is_multiple_of(DIRECT_IO_ALIGN) && len > 0
 }
@@ -354,9 +404,14 @@ impl RealDisk {
             .map_err(|e| tracing::info!(path = %path.display(), error = %e, "no O_DIRECT here; all disk I/O buffered"))
             .ok()
             .map(Arc::new);
+        let probe = direct.as_ref().and_then(|_| {
+            let f = OpenOptions::new().read(true).open(&path).ok()?;
+            rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::Random).ok()?;
+            Some(Arc::new(f))
+        });
         let file = Arc::new(file);
         let zero_fill = ZeroFill::open(&path, &file, direct.as_ref())?;
-        Ok(RealDisk { file, direct, len, last_sync_us: Arc::new(AtomicU64::new(0)), zero_fill })
+        Ok(RealDisk { file, direct, probe, len, last_sync_us: Arc::new(AtomicU64::new(0)), zero_fill })
     }
 }
 
@@ -371,6 +426,7 @@ impl Disk for RealDisk {
         // Small reads go through the page cache (where small writes are),
         // large ones around it.
         let direct = self.direct.clone().filter(|_| !small && direct_ok(offset, len));
+        let probe = self.probe.clone();
         let disk_len = self.len;
         async move {
             check_range(offset, len as u64, disk_len)?;
@@ -391,9 +447,10 @@ impl Disk for RealDisk {
             tokio::task::spawn_blocking(move || {
                 let mut buf = aligned_buffer(len);
                 buf.resize(len, 0);
-                match &direct {
-                    Some(d) => d.read_exact_at(&mut buf, offset)?,
-                    None => file.read_exact_at(&mut buf, offset)?,
+                match (&direct, &probe) {
+                    (Some(_), Some(p)) if read_cached(p, &mut buf, offset) => {}
+                    (Some(d), _) => d.read_exact_at(&mut buf, offset)?,
+                    (None, _) => file.read_exact_at(&mut buf, offset)?,
                 }
                 Ok(buf.freeze())
             })
@@ -558,6 +615,40 @@ mod tests {
         assert_eq!(d.read_at(8 << 20, 1).await?[0], 77);
         assert_eq!(&d.read_at((8 << 20) + 1, 4095).await?[..], &huge[1..4096]);
         assert!(RealDisks.open(&dir.path().join("missing"), None).await.is_err());
+        Ok(())
+    }
+
+    /// A large read is copied from the page cache only when the whole
+    /// range is there: a range dropped from the cache, whole or in the
+    /// middle, is left to the direct read (and `read_at` returns the same
+    /// bytes either way).
+    #[tokio::test]
+    async fn large_reads_come_from_the_cache_only_when_all_of_it_is_there() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("d");
+        let d = RealDisks.open(&path, Some(16 << 20)).await?;
+        let big: Vec<u8> = (0..1usize << 20).map(|i| (i % 249) as u8).collect();
+        d.write_at(vec![(1 << 20, Bytes::from(big.clone()))]).await?;
+        d.sync().await?;
+        let probe = File::open(&path)?;
+        rustix::fs::fadvise(&probe, 0, None, rustix::fs::Advice::Random)?;
+        let mut buf = vec![0u8; big.len()];
+        assert!(read_cached(&probe, &mut buf, 1 << 20), "just written: cached");
+        assert!(buf == big);
+        assert!(!read_cached(&probe, &mut [0u8; 4096], 0), "too small to look for");
+
+        // Dropped from the cache (it is clean after the sync): a miss.
+        let drop_range = |off: u64, len: u64| {
+            rustix::fs::fadvise(&probe, off, std::num::NonZeroU64::new(len), rustix::fs::Advice::DontNeed)
+        };
+        drop_range(1 << 20, 1 << 20)?;
+        assert!(!read_cached(&probe, &mut buf, 1 << 20), "dropped: a miss");
+        // Only the middle gone: still a miss.
+        d.read_at(1 << 20, 4096).await?;
+        d.read_at((2 << 20) - 4096, 4096).await?;
+        drop_range((1 << 20) + 65536, 65536)?;
+        assert!(!read_cached(&probe, &mut buf, 1 << 20), "a hole in the middle is a miss");
+        assert_eq!(&d.read_at(1 << 20, big.len()).await?[..], &big[..]);
         Ok(())
     }
 
