@@ -372,6 +372,55 @@ fn direct_ok(offset: u64, len: usize) -> bool {
 }
 
 impl RealDisk {
+    /// `read_at`, and with `piece` the CRC32C of each piece, computed on
+    /// the thread that read (`Disk::read_at_crcs`).
+    fn read(
+        &self,
+        offset: u64,
+        len: usize,
+        piece: Option<usize>,
+    ) -> BoxFuture<'static, io::Result<(Bytes, Vec<u32>)>> {
+        let file = self.file.clone();
+        let small = len <= INLINE_WRITE_MAX;
+        // Small reads go through the page cache (where small writes are),
+        // large ones around it.
+        let direct = self.direct.clone().filter(|_| !small && direct_ok(offset, len));
+        let probe = self.probe.clone();
+        let disk_len = self.len;
+        async move {
+            check_range(offset, len as u64, disk_len)?;
+            if small {
+                // Cached data is copied right here; only a read that would
+                // wait for the device goes to the blocking pool.
+                let mut buf = aligned_buffer(len);
+                buf.resize(len, 0);
+                let mut bufs = [io::IoSliceMut::new(&mut buf)];
+                if let Ok(n) =
+                    rustix::io::preadv2(&*file, &mut bufs, offset, rustix::io::ReadWriteFlags::NOWAIT)
+                {
+                    if n == len {
+                        let crcs = piece.map(|p| crate::crcs_of(&buf, p)).unwrap_or_default();
+                        return Ok((buf.freeze(), crcs));
+                    }
+                }
+            }
+            tokio::task::spawn_blocking(move || {
+                let mut buf = aligned_buffer(len);
+                buf.resize(len, 0);
+                match (&direct, &probe) {
+                    (Some(_), Some(p)) if read_cached(p, &mut buf, offset) => {}
+                    (Some(d), _) => d.read_exact_at(&mut buf, offset)?,
+                    (None, _) => file.read_exact_at(&mut buf, offset)?,
+                }
+                let crcs = piece.map(|p| crate::crcs_of(&buf, p)).unwrap_or_default();
+                Ok((buf.freeze(), crcs))
+            })
+            .await
+            .map_err(io::Error::other)?
+        }
+        .boxed()
+    }
+
     fn open(path: PathBuf, create_len: Option<u64>) -> io::Result<RealDisk> {
         let exists = path.exists();
         if !exists {
@@ -421,43 +470,17 @@ impl Disk for RealDisk {
     }
 
     fn read_at(&self, offset: u64, len: usize) -> BoxFuture<'static, io::Result<Bytes>> {
-        let file = self.file.clone();
-        let small = len <= INLINE_WRITE_MAX;
-        // Small reads go through the page cache (where small writes are),
-        // large ones around it.
-        let direct = self.direct.clone().filter(|_| !small && direct_ok(offset, len));
-        let probe = self.probe.clone();
-        let disk_len = self.len;
-        async move {
-            check_range(offset, len as u64, disk_len)?;
-            if small {
-                // Cached data is copied right here; only a read that would
-                // wait for the device goes to the blocking pool.
-                let mut buf = aligned_buffer(len);
-                buf.resize(len, 0);
-                let mut bufs = [io::IoSliceMut::new(&mut buf)];
-                if let Ok(n) =
-                    rustix::io::preadv2(&*file, &mut bufs, offset, rustix::io::ReadWriteFlags::NOWAIT)
-                {
-                    if n == len {
-                        return Ok(buf.freeze());
-                    }
-                }
-            }
-            tokio::task::spawn_blocking(move || {
-                let mut buf = aligned_buffer(len);
-                buf.resize(len, 0);
-                match (&direct, &probe) {
-                    (Some(_), Some(p)) if read_cached(p, &mut buf, offset) => {}
-                    (Some(d), _) => d.read_exact_at(&mut buf, offset)?,
-                    (None, _) => file.read_exact_at(&mut buf, offset)?,
-                }
-                Ok(buf.freeze())
-            })
-            .await
-            .map_err(io::Error::other)?
-        }
-        .boxed()
+        let read = self.read(offset, len, None);
+        async move { read.await.map(|(b, _)| b) }.boxed()
+    }
+
+    fn read_at_crcs(
+        &self,
+        offset: u64,
+        len: usize,
+        piece: usize,
+    ) -> BoxFuture<'static, io::Result<(Bytes, Vec<u32>)>> {
+        self.read(offset, len, Some(piece))
     }
 
     fn write_at(&self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'static, io::Result<()>> {
@@ -586,6 +609,14 @@ mod tests {
         let big: Vec<u8> = (0..INLINE_WRITE_MAX * 2).map(|i| (i % 251) as u8).collect();
         d.write_at(vec![(65536, Bytes::from(big.clone()))]).await?;
         assert_eq!(&d.read_at(65536, big.len()).await?[..], &big[..]);
+        // With the checksums of each piece, large (blocking pool) and small
+        // (inline) alike.
+        for (at, len) in [(65536, big.len()), (65536 + 4096, 8192)] {
+            let (b, crcs) = d.read_at_crcs(at as u64, len, 4096).await?;
+            assert_eq!(&b[..], &big[at - 65536..at - 65536 + len]);
+            assert_eq!(crcs, crate::crcs_of(&b, 4096));
+            assert_eq!(crcs.len(), len / 4096);
+        }
         // Prefetching is only a hint: a range past the end is cut, nothing
         // read changes.
         d.prefetch(0, 64 << 20);
