@@ -158,11 +158,12 @@ fn planted_skip_copy_is_caught() {
 /// Incremental repair is checked too: a tractserver given back a row it
 /// held (design 0009) whose sources answer "nothing changed" keeps what
 /// it held when it left, and replicas disagree with each other or with
-/// the acknowledged bytes. Seeds 1, 4 and 10 of these catch it.
+/// the acknowledged bytes. Seeds 6, 12 and 13 of these catch it (since
+/// small writes travel in batches; `--seeds 30 --first 1` names them).
 #[test]
 fn planted_repair_keeps_stale_is_caught() {
     let (ok, out) =
-        sim("--seeds 10 --first 1 --replication 3 --tractservers 8 --joining 2 --plant repair-keeps-stale");
+        sim("--seeds 10 --first 6 --replication 3 --tractservers 8 --joining 2 --plant repair-keeps-stale");
     assert!(!ok, "repairs that keep stale chunks went unnoticed:\n{out}");
     assert!(out.contains("differs from the acknowledged bytes") || out.contains("disagree"), "{out}");
 }
@@ -191,17 +192,18 @@ fn planted_checkpoint_skips_table_is_caught() {
 /// client gave up on and retried, delivered again late (every dropped
 /// client connection's last change, here), replaces newer acknowledged
 /// data. It takes a late duplicate landing after a newer write to the same
-/// bytes, which few seeds draw (5 in 40 from 7001 since the chunk-entry
-/// journal moved the disks' layout): this range holds three.
+/// bytes, which few seeds draw (2 in 40 from 7049 since small writes
+/// travel in batches, `WriteTracts`): this range holds both, 7079 and
+/// 7080.
 /// If a change to the simulation moves it, `blob-sim --seeds 100 --first
-/// 7001 --replication 3 --tractservers 6 --joining 2 --duplicates 1
+/// 7001 --replication 3 --tractservers 6 --duplicates 1
 /// --plant no-fence` names the seeds that catch it now.
 /// (`blob_store::a_write_from_a_replaced_connection_is_not_applied` tests
 /// the fence itself, on real sockets, every time.)
 #[test]
 fn planted_no_fence_is_caught() {
     let (ok, out) =
-        sim("--seeds 12 --first 7049 --replication 3 --tractservers 6 --duplicates 1 --plant no-fence");
+        sim("--seeds 12 --first 7075 --replication 3 --tractservers 6 --duplicates 1 --plant no-fence");
     assert!(!ok, "late duplicates applied after newer writes went unnoticed:\n{out}");
     assert!(
         out.contains("differs from the acknowledged bytes") || out.contains("acknowledged data lost"),
