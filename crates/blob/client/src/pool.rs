@@ -52,8 +52,9 @@ pub struct Pool {
     inner: Arc<PoolInner>,
 }
 
-/// Small writes waiting for a server (`batch`), by (server, cached).
-type Queues = BTreeMap<(String, bool), Arc<Mutex<Queue>>>;
+/// Small writes waiting for a server (`batch`), by server, then durable
+/// (0) or cached (1).
+type Queues = BTreeMap<String, [Arc<Mutex<Queue>>; 2]>;
 
 /// The pool's state, shared with the batch senders it starts.
 struct PoolInner {
@@ -166,7 +167,15 @@ impl Pool {
         if lock(&self.inner.unbatched).contains(server) {
             return self.inner.call(server, &batch::single_request(cached, addr, offset, crcs), data).await;
         }
-        let queue = lock(&self.inner.queues).entry((server.to_string(), cached)).or_default().clone();
+        let queue = {
+            // Looked up by `&str`: no allocation per write once the server
+            // has queues.
+            let mut queues = lock(&self.inner.queues);
+            if !queues.contains_key(server) {
+                queues.insert(server.to_string(), Default::default());
+            }
+            queues.get(server).map(|q| q[usize::from(cached)].clone()).unwrap_or_default()
+        };
         let (done, answer) = tokio::sync::oneshot::channel();
         let start = lock(&queue).push(Pending { addr, offset, crcs: crcs.to_vec(), data, done });
         if start {
