@@ -335,6 +335,15 @@ impl Filler {
         if self.copy_pending(blob, tract).is_none() {
             return Ok(());
         }
+        // Boxed: a copy's future takes over 5 KiB, and every request
+        // that changes a tract awaits this one. Inline, each such
+        // request's future carried it, and was copied whole into its box
+        // on every call, though all but a newcomer's first few take the
+        // branch above.
+        Box::pin(self.copy_on_demand(blob, tract)).await
+    }
+
+    async fn copy_on_demand(&self, blob: BlobId, tract: TractNo) -> Result<(), ErrorReply> {
         let key = (blob, tract);
         let l = self.fills.tract_lock(key);
         let r = {
