@@ -138,6 +138,19 @@ impl Healer {
     /// may come along, which a write that was not acknowledged allows.
     /// Returns whether the chunk is readable now.
     pub async fn heal_chunk(&self, blob: BlobId, inc: Incarnation, tract: TractNo, chunk: u32) -> bool {
+        // Boxed: asking the row's members takes a future of kilobytes, and
+        // every write awaits this call on its failure path; inline, each
+        // write's future would carry it (`TractService::handle`'s doc).
+        Box::pin(self.heal_chunk_from_peers(blob, inc, tract, chunk)).await
+    }
+
+    async fn heal_chunk_from_peers(
+        &self,
+        blob: BlobId,
+        inc: Incarnation,
+        tract: TractNo,
+        chunk: u32,
+    ) -> bool {
         let Some((peers, req)) = self.copy_sources(blob, tract) else { return false };
         let _healing = self.heals.begin(blob, tract);
         for peer in peers {
