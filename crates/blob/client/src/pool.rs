@@ -45,8 +45,19 @@ enum Lane {
     Bulk,
 }
 
-/// A lane's connection and the epoch it said hello with.
-type Slot = Arc<tokio::sync::Mutex<Option<(RpcConn, u64)>>>;
+/// What the pool keeps for one peer.
+struct Peer {
+    /// The epoch its connections open with.
+    epoch: AtomicU64,
+    /// Per lane, its connection and the epoch it said hello with.
+    lanes: [tokio::sync::Mutex<Option<(RpcConn, u64)>>; 2],
+}
+
+impl Peer {
+    fn new() -> Peer {
+        Peer { epoch: AtomicU64::new(1), lanes: Default::default() }
+    }
+}
 
 pub struct Pool {
     inner: Arc<PoolInner>,
@@ -66,9 +77,7 @@ struct PoolInner {
     session: u64,
     /// Ordered: dropping the pool closes connections in the same order on
     /// every run, which the simulator's exact replay depends on.
-    conns: Mutex<BTreeMap<(String, Lane), Slot>>,
-    /// Per peer, the epoch its connections open with.
-    epochs: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
+    peers: Mutex<BTreeMap<String, Arc<Peer>>>,
     /// Bytes of large replies that may be outstanding (`PULL_WINDOW_BYTES`).
     pulls: tokio::sync::Semaphore,
     /// Whether small writes are batched (`batch`).
@@ -99,8 +108,7 @@ impl Pool {
             timeout,
             rts_min,
             session,
-            conns: Mutex::new(BTreeMap::new()),
-            epochs: Mutex::new(BTreeMap::new()),
+            peers: Mutex::new(BTreeMap::new()),
             pulls: tokio::sync::Semaphore::new(PULL_WINDOW_BYTES as usize),
             batching,
             queues: Mutex::new(BTreeMap::new()),
@@ -120,7 +128,7 @@ impl Pool {
     /// The epoch this pool's requests to `addr` travel at now: a write
     /// forwarded there acts for it (`Request::WriteTractForward`).
     pub fn epoch(&self, addr: &str) -> u64 {
-        self.inner.epoch_of(addr).load(Ordering::Acquire)
+        self.inner.peer(addr).epoch.load(Ordering::Acquire)
     }
 
     /// Raises `addr`'s epoch, as a failed connection to it does: a
@@ -128,7 +136,7 @@ impl Pool {
     /// everything sent afterwards, directly (the next request dials
     /// again) or forwarded, travels at a newer one, which refuses it.
     pub fn fence(&self, addr: &str) {
-        self.inner.epoch_of(addr).fetch_add(1, Ordering::AcqRel);
+        self.inner.peer(addr).epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Sends `req` to `addr` on the lane its size calls for; a small write
@@ -242,11 +250,10 @@ async fn send_batch_now(inner: Arc<PoolInner>, server: String, cached: bool, que
 
 impl PoolInner {
     async fn conn(&self, addr: &str, lane: Lane) -> Result<RpcConn, RpcError> {
-        let slot = lock(&self.conns).entry((addr.to_string(), lane)).or_default().clone();
-        let epoch = self.epoch_of(addr);
+        let peer = self.peer(addr);
         // One dial per peer and lane at a time; others wait and share it.
-        let mut g = slot.lock().await;
-        let current = epoch.load(Ordering::Acquire);
+        let mut g = peer.lanes[lane as usize].lock().await;
+        let current = peer.epoch.load(Ordering::Acquire);
         let failed = match g.take() {
             Some((c, e)) if !c.is_closed() && e == current => {
                 *g = Some((c.clone(), e));
@@ -265,24 +272,40 @@ impl PoolInner {
         // Invariant: after a connection to this peer failed, the next ones
         // open at a higher epoch than any before, so nothing still in
         // flight on the old ones can be applied after what follows.
-        let e = if failed { epoch.fetch_add(1, Ordering::AcqRel) + 1 } else { current };
-        let hello = Request::Hello { session: self.session, epoch: e };
+        let e = if failed { peer.epoch.fetch_add(1, Ordering::AcqRel) + 1 } else { current };
+        // Boxed: dialling (connect, TLS, hello) is a future of kilobytes,
+        // and every request awaits this function; inline, each request's
+        // future would carry it, to be copied wherever it moves.
+        let c = Box::pin(self.dial(addr, e)).await?;
+        *g = Some((c.clone(), e));
+        Ok(c)
+    }
+
+    /// A new connection to `addr`, said hello to at `epoch`.
+    async fn dial(&self, addr: &str, epoch: u64) -> Result<RpcConn, RpcError> {
+        let hello = Request::Hello { session: self.session, epoch };
         let dial = async {
             let c = RpcConn::connect(&self.env, addr).await?;
             c.set_rts_min(self.rts_min);
             c.call(&hello, Bytes::new()).await?;
             Ok::<RpcConn, RpcError>(c)
         };
-        let c = match self.env.timeout(self.timeout, dial).await {
-            Ok(r) => r?,
-            Err(_) => return Err(RpcError::Timeout(addr.to_string())),
-        };
-        *g = Some((c.clone(), e));
-        Ok(c)
+        match self.env.timeout(self.timeout, dial).await {
+            Ok(r) => r,
+            Err(_) => Err(RpcError::Timeout(addr.to_string())),
+        }
     }
 
-    fn epoch_of(&self, addr: &str) -> Arc<AtomicU64> {
-        lock(&self.epochs).entry(addr.to_string()).or_insert_with(|| Arc::new(AtomicU64::new(1))).clone()
+    /// `addr`'s entry, made on first use; looked up by `&str`, so a
+    /// request to a known peer allocates nothing here.
+    fn peer(&self, addr: &str) -> Arc<Peer> {
+        let mut peers = lock(&self.peers);
+        if let Some(p) = peers.get(addr) {
+            return p.clone();
+        }
+        let p = Arc::new(Peer::new());
+        peers.insert(addr.to_string(), p.clone());
+        p
     }
 
     /// Sends `req` to `addr` on the lane its size calls for.
