@@ -346,7 +346,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
-    use blizzard_proto::{ErrorReply, TractAddr};
+    use blizzard_proto::{ErrorCode, ErrorReply, TractAddr};
     use blizzard_rpc::{serve, Caller, Service, ShutdownHandle};
     use futures::future::BoxFuture;
     use futures::FutureExt;
@@ -384,15 +384,91 @@ mod tests {
         }
     }
 
-    fn read(len: u32) -> Request {
-        let addr = TractAddr {
+    /// A tractserver from before `WriteTracts`: answers a batch as an
+    /// unknown opcode (as its decoder would) and takes single writes,
+    /// counting each write's first byte, so a write lost or sent twice
+    /// in the fallback shows.
+    struct OldServer {
+        env: Env,
+        batches: AtomicUsize,
+        writes: Mutex<Vec<u8>>,
+    }
+
+    impl Service for OldServer {
+        fn call(
+            self: Arc<Self>,
+            req: Request,
+            data: Bytes,
+            _caller: Caller,
+        ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
+            async move {
+                match req {
+                    Request::WriteTracts { .. } => {
+                        self.batches.fetch_add(1, Ordering::AcqRel);
+                        let e = ErrorReply::new(ErrorCode::UnknownOpcode, "unknown opcode 0x010d");
+                        (Err(e), Bytes::new())
+                    }
+                    Request::WriteTract { .. } => {
+                        lock(&self.writes).push(data.first().copied().unwrap_or(0));
+                        // Slow enough that the writes after the first
+                        // gather in the queue and go as a batch.
+                        self.env.sleep(Duration::from_millis(20)).await;
+                        (Ok(Reply::Done), Bytes::new())
+                    }
+                    _ => (Ok(Reply::Done), Bytes::new()),
+                }
+            }
+            .boxed()
+        }
+    }
+
+    /// Against a server that does not know batches (a rolling upgrade),
+    /// every write still lands exactly once: the refused batch's writes
+    /// are sent alone, and the pool sends that server no batch again.
+    #[tokio::test]
+    async fn a_server_without_batches_gets_every_write_alone_once() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let env = Env::real();
+        let listener = env.bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr();
+        let server = Arc::new(OldServer { env: env.clone(), batches: 0.into(), writes: Mutex::default() });
+        let (_stop, shutdown) = ShutdownHandle::new();
+        tokio::spawn(serve(env.clone(), listener, server.clone(), Default::default(), shutdown));
+        let pool = Arc::new(Pool::new(env.clone(), Duration::from_secs(30), None, true));
+        let write = |pool: &Arc<Pool>, i: u8| {
+            let (pool, addr) = (pool.clone(), addr.clone());
+            let req = Request::WriteTract { addr: tract_addr(), offset: 0, crcs: vec![0] };
+            tokio::spawn(async move { pool.call(&addr, &req, Bytes::from(vec![i; 4096])).await })
+        };
+        let first: Vec<_> = (0..16).map(|i| write(&pool, i)).collect();
+        for w in first {
+            w.await??;
+        }
+        assert!(server.batches.load(Ordering::Acquire) >= 1, "no batch was sent");
+        assert!(lock(&pool.inner.unbatched).contains(&addr));
+        let later: Vec<_> = (16..32).map(|i| write(&pool, i)).collect();
+        for w in later {
+            w.await??;
+        }
+        assert_eq!(server.batches.load(Ordering::Acquire), 1, "a batch sent after the refusal");
+        let mut got = lock(&server.writes).clone();
+        got.sort_unstable();
+        assert_eq!(got, (0..32).collect::<Vec<u8>>(), "each write exactly once");
+        Ok(())
+    }
+
+    fn tract_addr() -> TractAddr {
+        TractAddr {
             blob: blizzard_core::BlobId(1),
             incarnation: 1,
             tract: blizzard_core::TractNo(0),
             row_version: 1,
             writer: 0,
-        };
-        Request::ReadTract { addr, offset: 0, len }
+        }
+    }
+
+    fn read(len: u32) -> Request {
+        Request::ReadTract { addr: tract_addr(), offset: 0, len }
     }
 
     /// Waits until the server holds `n` reads (fails after 20 s).
