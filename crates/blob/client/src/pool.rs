@@ -143,16 +143,20 @@ impl Pool {
     /// may travel in a batch with others to the same server (`batch`).
     pub async fn call(&self, addr: &str, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
         // A server in this process takes each request as a value, with no
-        // frame to save, and joining a batch's data would copy it.
-        let batchable = self.inner.batching
-            && !addr.is_empty()
-            && data.len() <= BATCH_WRITE_MAX
-            && self.inner.env.net.endpoint(addr).is_none();
+        // frame to save, and joining a batch's data would copy it. Looked
+        // up for small writes only: the lookup hashes the address under a
+        // lock, and every read would pay it.
+        let batchable = || {
+            self.inner.batching
+                && !addr.is_empty()
+                && data.len() <= BATCH_WRITE_MAX
+                && self.inner.env.net.endpoint(addr).is_none()
+        };
         match req {
-            Request::WriteTract { addr: a, offset, crcs } if batchable => {
+            Request::WriteTract { addr: a, offset, crcs } if batchable() => {
                 self.batched(addr, false, *a, *offset, crcs, data).await
             }
-            Request::WriteTractCached { addr: a, offset, crcs } if batchable => {
+            Request::WriteTractCached { addr: a, offset, crcs } if batchable() => {
                 self.batched(addr, true, *a, *offset, crcs, data).await
             }
             _ => self.inner.call(addr, req, data).await,
