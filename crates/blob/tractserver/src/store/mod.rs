@@ -151,6 +151,17 @@ impl SlotState {
         self.chunks = chunks;
         self.unsettled = ChunkSet::default();
     }
+
+    /// Records `entries` as chunks `first..` once their bytes are on the
+    /// disk: memory then knows those chunks' bytes (a write, an unmap).
+    fn settle_chunks(&mut self, first: u32, entries: Vec<ChunkEntry>) {
+        for (i, e) in entries.into_iter().enumerate() {
+            if let Some(c) = self.chunks.get_mut(first as usize + i) {
+                *c = e;
+            }
+            self.unsettled.remove(first + i as u32);
+        }
+    }
 }
 
 /// A set of chunk numbers of one slot: a bitmap, empty (no allocation)

@@ -112,12 +112,7 @@ impl Store {
             ix.map.remove(&(blob, tract));
             ix.free.push(slot);
         } else {
-            for (i, e) in new_entries.into_iter().enumerate() {
-                if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
-                    *c = e;
-                }
-                g.unsettled.remove(first_chunk + i as u32);
-            }
+            g.settle_chunks(first_chunk, new_entries);
         }
         let change = backup::Change {
             blob,

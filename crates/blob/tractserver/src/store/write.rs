@@ -292,12 +292,7 @@ impl Store {
             None => Vec::new(),
         };
         // Memory now knows every written chunk's bytes: the new ones.
-        for (i, e) in new_entries.into_iter().enumerate() {
-            if let Some(c) = g.chunks.get_mut(first_chunk as usize + i) {
-                *c = e;
-            }
-            g.unsettled.remove(first_chunk + i as u32);
-        }
+        g.settle_chunks(first_chunk, new_entries);
         // Its place in the backup journal's order, if there is one, taken
         // under the lock and after the bytes are applied (`backup.rs`).
         let change = backup::Change {
