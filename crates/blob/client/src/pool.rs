@@ -59,6 +59,17 @@ impl Peer {
     }
 }
 
+/// A reply and its data, and how they came ([`Pool::ask`]).
+pub(crate) struct Answer {
+    pub(crate) reply: Reply,
+    pub(crate) data: Bytes,
+    /// They came as values from a server in this process that verified
+    /// the data against the CRCs in the reply before handing it over
+    /// (`blizzard_rpc::Service::verifies_replies`); no stream carried
+    /// them since, so checking again would only repeat that check.
+    pub(crate) verified: bool,
+}
+
 pub struct Pool {
     inner: Arc<PoolInner>,
 }
@@ -137,6 +148,12 @@ impl Pool {
     /// again) or forwarded, travels at a newer one, which refuses it.
     pub fn fence(&self, addr: &str) {
         self.inner.peer(addr).epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Sends `req` to `addr` as [`Pool::call`] does a request that is not
+    /// a small write, and says how the reply came ([`Answer`]).
+    pub(crate) async fn ask(&self, addr: &str, req: &Request) -> Result<Answer, RpcError> {
+        self.inner.ask(addr, req, Bytes::new()).await
     }
 
     /// Sends `req` to `addr` on the lane its size calls for; a small write
@@ -314,6 +331,11 @@ impl PoolInner {
 
     /// Sends `req` to `addr` on the lane its size calls for.
     async fn call(&self, addr: &str, req: &Request, data: Bytes) -> Result<(Reply, Bytes), RpcError> {
+        self.ask(addr, req, data).await.map(|a| (a.reply, a.data))
+    }
+
+    /// [`PoolInner::call`], saying how the reply came.
+    async fn ask(&self, addr: &str, req: &Request, data: Bytes) -> Result<Answer, RpcError> {
         if addr.is_empty() {
             return Err(RpcError::Connect {
                 addr: "?".into(),
@@ -341,7 +363,9 @@ impl PoolInner {
             ),
         };
         let c = self.conn(addr, lane).await?;
-        c.call_timeout(&self.env, self.timeout, req, data).await
+        let verified = c.replies_verified();
+        let (reply, data) = c.call_timeout(&self.env, self.timeout, req, data).await?;
+        Ok(Answer { reply, data, verified })
     }
 }
 
@@ -458,6 +482,60 @@ mod tests {
         let mut got = lock(&server.writes).clone();
         got.sort_unstable();
         assert_eq!(got, (0..32).collect::<Vec<u8>>(), "each write exactly once");
+        Ok(())
+    }
+
+    /// Answers every read with bytes and CRCs it says it verified, or not.
+    struct Reads {
+        verifies: bool,
+    }
+
+    impl Service for Reads {
+        fn call(
+            self: Arc<Self>,
+            _req: Request,
+            _data: Bytes,
+            _caller: Caller,
+        ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
+            futures::future::ready((Ok(Reply::Read { crcs: vec![0] }), Bytes::from(vec![1u8; 4096]))).boxed()
+        }
+        fn verifies_replies(&self) -> bool {
+            self.verifies
+        }
+    }
+
+    /// A reply counts as verified only if it came as a value from a server
+    /// in this process that verifies its replies: over a socket, or from a
+    /// service that does not say so, the caller checks the CRCs itself.
+    #[tokio::test]
+    async fn only_in_process_replies_of_a_verifying_server_count_as_verified(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let env = Env::real().with_local_net();
+        let mut stops = vec![];
+        let mut serve_one = async |verifies: bool| -> Result<String, Box<dyn std::error::Error>> {
+            let listener = env.bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr();
+            let (stop, shutdown) = ShutdownHandle::new();
+            stops.push(stop);
+            tokio::spawn(serve(
+                env.clone(),
+                listener,
+                Arc::new(Reads { verifies }),
+                Default::default(),
+                shutdown,
+            ));
+            while env.net.endpoint(&addr).is_none() {
+                tokio::task::yield_now().await;
+            }
+            Ok(addr)
+        };
+        let verifying = serve_one(true).await?;
+        let not_verifying = serve_one(false).await?;
+        let here = Pool::new(env.clone(), Duration::from_secs(30), None, true);
+        let socket = Pool::new(Env::real(), Duration::from_secs(30), None, true);
+        assert!(here.ask(&verifying, &read(4096)).await?.verified);
+        assert!(!here.ask(&not_verifying, &read(4096)).await?.verified);
+        assert!(!socket.ask(&verifying, &read(4096)).await?.verified, "came over a socket");
         Ok(())
     }
 

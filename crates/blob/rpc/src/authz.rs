@@ -69,6 +69,10 @@ impl<P: Protocol> Service<P> for Authorized<P> {
             None => self.inner.clone().call(req, data, caller),
         }
     }
+
+    fn verifies_replies(&self) -> bool {
+        self.inner.verifies_replies()
+    }
 }
 
 #[cfg(test)]

@@ -214,6 +214,17 @@ impl<P: Protocol> Conn<P> {
             }
     }
 
+    /// Whether this connection's replies come as values from a server in
+    /// this process that verified their data against its CRCs
+    /// (`Service::verifies_replies`): no stream carries them, so checking
+    /// them again would only repeat that check.
+    pub fn replies_verified(&self) -> bool {
+        match &self.link {
+            Link::Local(l) => l.verifies_replies(),
+            Link::Stream(_) => false,
+        }
+    }
+
     /// Sends `req` with `data` and waits for its reply. Remote errors come
     /// back as `RpcError::Remote`.
     pub async fn call(&self, req: &P::Request, data: Bytes) -> Result<(P::Reply, Bytes), RpcError> {

@@ -72,6 +72,12 @@ impl<P: Protocol> LocalLink<P> {
         self.endpoint.shutdown.is_triggered()
     }
 
+    /// Whether the service verified the data of its replies (its
+    /// `Service::verifies_replies`), which reach the caller untouched.
+    pub(crate) fn verifies_replies(&self) -> bool {
+        self.endpoint.service.verifies_replies()
+    }
+
     /// Runs `req` on the service (module docs); `more` follows `data`.
     pub(crate) async fn call(
         &self,

@@ -41,6 +41,15 @@ pub trait Service<P: Protocol = Blob>: Send + Sync + 'static {
         data: Bytes,
         caller: Caller,
     ) -> BoxFuture<'static, (Result<P::Reply, ErrorReply>, Bytes)>;
+
+    /// Whether every reply carrying stored data holds only bytes this
+    /// service verified against the CRCs it sends with them (a
+    /// tractserver's store returns nothing else). A caller in the same
+    /// process gets those bytes as they left, untouched (`local`), so it
+    /// may take that check for its own; over a stream it checks again.
+    fn verifies_replies(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -856,6 +856,12 @@ impl Service for TractService {
         }
         .boxed()
     }
+
+    /// The store returns stored bytes only once their chunk CRCs verified
+    /// (a chunk that fails is `Corrupt`), and the reply's CRCs are those.
+    fn verifies_replies(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
