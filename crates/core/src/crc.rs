@@ -7,7 +7,33 @@
 
 use crate::limits::CHUNK_SIZE;
 
-pub use crc32c::{crc32c, crc32c_append, crc32c_combine};
+/// CRC32C (Castagnoli, CRC-32/ISCSI) of `data`: the one checksum of
+/// pieces, frames and records everywhere in blizzard. Every crate computes
+/// it through this module, so the implementation (crc-fast, `Cargo.toml`
+/// says why) is chosen once.
+#[inline]
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(data)
+}
+
+/// The CRC32C of `a ++ data`, given `crc == crc32c(a)`.
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+    // The digest's state is the register before the final inversion.
+    let mut d = crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    d.update(data);
+    // A CRC-32 digest's value fits in 32 bits.
+    d.finalize() as u32
+}
+
+/// The CRC32C of `a ++ b`, given `crc32c(a)`, `crc32c(b)` and `b`'s length.
+pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
+    crc_fast::checksum_combine(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        u64::from(crc_a),
+        u64::from(crc_b),
+        len_b as u64,
+    ) as u32
+}
 
 /// The pieces of the byte range `[offset, offset + len)` of a tract, as
 /// `(start, end)` offsets relative to `offset`.
@@ -110,6 +136,29 @@ mod tests {
             let bad = first_bad_piece(offset, &data, &crcs);
             let expect = pieces(offset, len as u32).position(|(s, e)| (s..e).contains(&p));
             prop_assert_eq!(bad, expect);
+        }
+    }
+
+    /// The catalogue's check value, and the other entry points agree
+    /// with the one-shot CRC at every split.
+    #[test]
+    fn crc32c_is_castagnoli() {
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c(b""), 0);
+        // RFC 3720, B.4: 32 bytes of zeros, and of 0xff.
+        assert_eq!(crc32c(&[0u8; 32]), 0x8a91_36aa);
+        assert_eq!(crc32c(&[0xffu8; 32]), 0x62a8_ab43);
+    }
+
+    proptest! {
+        #[test]
+        fn append_and_combine_match_one_pass(data in prop::collection::vec(any::<u8>(), 0..3000), cut in any::<prop::sample::Index>()) {
+            let at = cut.index(data.len() + 1);
+            let (a, b) = data.split_at(at);
+            let whole = crc32c(&data);
+            prop_assert_eq!(crc32c_append(crc32c(a), b), whole);
+            prop_assert_eq!(crc32c_append(0, &data), whole);
+            prop_assert_eq!(crc32c_combine(crc32c(a), crc32c(b), b.len()), whole);
         }
     }
 

@@ -197,7 +197,7 @@ pub const DIRECT_IO_ALIGN: usize = 4096;
 /// the disk without another copy.
 /// The CRC32C of each `piece` bytes of `data` (the last may be shorter).
 pub fn crcs_of(data: &[u8], piece: usize) -> Vec<u32> {
-    data.chunks(piece.max(1)).map(crc32c::crc32c).collect()
+    data.chunks(piece.max(1)).map(blizzard_core::crc::crc32c).collect()
 }
 
 pub fn aligned_buffer(len: usize) -> BytesMut {
