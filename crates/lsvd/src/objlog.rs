@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use blizzard_core::crc::crc32c;
 use bytes::{Bytes, BytesMut};
 
 use crate::error::LsvdError;
@@ -149,7 +150,7 @@ fn check_blocks(m: &ObjMeta, start: u64, b: &[u8]) -> Result<(), usize> {
     debug_assert!(start.is_multiple_of(CRC_BLOCK));
     let first = (start / CRC_BLOCK) as usize;
     for (i, block) in b.chunks(CRC_BLOCK as usize).enumerate() {
-        if m.crcs.get(first + i) != Some(&blizzard_core::crc::crc32c(block)) {
+        if m.crcs.get(first + i) != Some(&crc32c(block)) {
             return Err(first + i);
         }
     }

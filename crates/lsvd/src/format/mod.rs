@@ -8,6 +8,7 @@
 //! failure is a [`FormatError`] naming the structure, never a panic.
 //! Little-endian throughout. The golden tests pin the bytes.
 
+use blizzard_core::crc::{crc32c, crc32c_append};
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Sector: every volume offset and length is a multiple of it.
@@ -105,14 +106,14 @@ fn check_trailing_crc(what: &'static str, buf: &[u8]) -> Result<(), FormatError>
     }
     let (body, crc) = buf.split_at(buf.len() - 4);
     let stored = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-    if blizzard_core::crc::crc32c(body) != stored {
+    if crc32c(body) != stored {
         return Err(err(what, "CRC32C mismatch (damaged)"));
     }
     Ok(())
 }
 
 fn put_crc(b: &mut BytesMut) {
-    let c = blizzard_core::crc::crc32c(b);
+    let c = crc32c(b);
     b.put_u32_le(c);
 }
 
@@ -462,7 +463,7 @@ pub struct ObjectHeader {
 
 /// CRC32C per `CRC_BLOCK` of `data` (the last block may be short).
 pub fn block_crcs(data: &[u8]) -> Vec<u32> {
-    data.chunks(CRC_BLOCK as usize).map(blizzard_core::crc::crc32c).collect()
+    data.chunks(CRC_BLOCK as usize).map(crc32c).collect()
 }
 
 impl ObjectHeader {
@@ -819,7 +820,7 @@ impl RecordHeader {
     pub fn encode(kind: RecordKind, seq: u64, epoch: u64, vol_offset: u64, len: u64, data: &[u8]) -> Bytes {
         let h = RecordHeader { kind, seq, epoch, vol_offset, len, crc: 0 };
         let mut b = h.fixed();
-        let crc = blizzard_core::crc::crc32c_append(blizzard_core::crc::crc32c(&b), data);
+        let crc = crc32c_append(crc32c(&b), data);
         b.put_u32_le(crc);
         b.resize(RECORD_HEADER_LEN as usize, 0);
         b.freeze()
@@ -854,7 +855,7 @@ impl RecordHeader {
 
     /// Checks the record's CRC over its header and `data`.
     pub fn check_data(&self, data: &[u8]) -> Result<(), FormatError> {
-        let crc = blizzard_core::crc::crc32c_append(blizzard_core::crc::crc32c(&self.fixed()), data);
+        let crc = crc32c_append(crc32c(&self.fixed()), data);
         if crc != self.crc {
             return Err(err("journal record", format!("seq {}: CRC32C mismatch (torn or stale)", self.seq)));
         }

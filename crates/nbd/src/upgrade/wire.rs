@@ -30,6 +30,7 @@
 
 use crate::proto::{nbd_string, STRING_LEN_MAX};
 use crate::transmission::READ_BUF_LEN;
+use blizzard_core::crc::crc32c;
 
 /// Reads "BLZH" on the wire.
 pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"BLZH");
@@ -180,7 +181,7 @@ impl Message {
         out.extend_from_slice(&self.kind().to_le_bytes());
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
         out.extend_from_slice(&body);
-        let crc = blizzard_core::crc::crc32c(&out);
+        let crc = crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         Ok(out)
     }
@@ -206,7 +207,7 @@ impl Message {
         }
         let (covered, tail) = b.split_at(b.len() - CRC_LEN);
         let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
-        let computed = blizzard_core::crc::crc32c(covered);
+        let computed = crc32c(covered);
         if stored != computed {
             return Err(WireError::Crc { stored, computed });
         }
@@ -430,7 +431,7 @@ mod tests {
         let good = Message::Ready.encode().unwrap();
         let fix_crc = |mut b: Vec<u8>| {
             let n = b.len() - 4;
-            let c = blizzard_core::crc::crc32c(&b[..n]);
+            let c = crc32c(&b[..n]);
             b[n..].copy_from_slice(&c.to_le_bytes());
             b
         };
@@ -475,7 +476,7 @@ mod tests {
         let at = b.len() - 4 - 4;
         b[at..at + 4].copy_from_slice(&((LEFTOVER_MAX + 1) as u32).to_le_bytes());
         let n = b.len() - 4;
-        let c = blizzard_core::crc::crc32c(&b[..n]);
+        let c = crc32c(&b[..n]);
         b[n..].copy_from_slice(&c.to_le_bytes());
         assert!(matches!(Message::decode(&b), Err(WireError::Body { .. })));
     }
@@ -491,7 +492,7 @@ mod tests {
             b.extend_from_slice(&kind.to_le_bytes());
             b.extend_from_slice(&(body.len() as u32).to_le_bytes());
             b.extend_from_slice(&body);
-            let c = blizzard_core::crc::crc32c(&b);
+            let c = crc32c(&b);
             b.extend_from_slice(&c.to_le_bytes());
             let _ = Message::decode(&b);
         }
