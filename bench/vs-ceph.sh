@@ -39,6 +39,15 @@
 # its reaped children), and the rest of the machine's (all busy CPU in
 # /proc/stat over the window minus server and fio).
 #
+# The disk both write to is measured too, since on one machine it bounds
+# what a 3-way store can do: every replica's block is a random write to
+# the same device. Before the targets, fio alone writes 4 KiB at random,
+# direct, QD32 in 4 jobs for RUNTIME seconds over a file under DIR (the
+# device's random-write rate as this VM gives it); each row then counts
+# the device's completed writes (/proc/diskstats of the disk under DIR)
+# per I/O. The table's last paragraph says how many writes a second that
+# rate allows at blizzard's device writes per 4 KiB write.
+#
 # Environment (all optional):
 #   RUNTIME=15     seconds per row
 #   SIZE=4GiB      the RBD image, the blizzard volume and fio's working set
@@ -196,6 +205,42 @@ busy_ticks() { # the whole machine: user nice system irq softirq
     awk '/^cpu / {print $2 + $3 + $4 + $7 + $8; exit}' /proc/stat
 }
 
+# The block device holding DIR (its whole disk, where partitions and loop
+# devices above it send their writes), by name as in /proc/diskstats;
+# empty if there is none (tmpfs).
+disk_of() { # path
+    local src name parent
+    src=$(findmnt -no SOURCE -T "$1" 2>/dev/null) || return 0
+    name=${src#/dev/}
+    [ -e "/sys/class/block/$name" ] || return 0
+    parent=$(lsblk -no PKNAME "/dev/$name" 2>/dev/null | head -1)
+    echo "${parent:-$name}"
+}
+
+disk_writes() { # completed writes of DISK so far (0 if unknown)
+    if [ -n "$DISK" ]; then
+        awk -v d="$DISK" '$3 == d {print $8; found = 1} END {if (!found) print 0}' /proc/diskstats
+    else
+        echo 0
+    fi
+}
+
+# fio alone against the disk: 4 KiB random direct writes, QD32, 4 jobs
+# over one file of 1 GiB (laid out first by fio), RUNTIME seconds. Sets
+# DISK_IOPS (0 if it could not run direct here).
+disk_rate() {
+    local json=$RESULTS/disk.json
+    if fio --name=disk --filename="$WORK/disk.fio" --size=1g --rw=randwrite --bs=4k --direct=1 \
+        --ioengine=libaio --iodepth=32 --numjobs=4 --group_reporting --time_based "--runtime=$RUNTIME" \
+        --norandommap --randrepeat=0 --output-format=json > "$json" 2>/dev/null; then
+        DISK_IOPS=$(python3 -c "
+import json; t = open('$json').read(); print(int(json.loads(t[t.index('{'):])['jobs'][0]['write']['iops']))")
+    else
+        DISK_IOPS=0
+    fi
+    rm -f "$WORK/disk.fio"
+}
+
 # The servers' idle CPU, ticks per second over 5 s: settle's yardstick.
 idle_rate() { # pid...
     local a b
@@ -283,7 +328,7 @@ prefill() { # target
 }
 
 run_rows() { # target pid...
-    local tgt=$1 spec name rw bs qd json s0 s1 m0 m1 tailsec vals ops iops mbps p99 fiocpu srv rest
+    local tgt=$1 spec name rw bs qd json s0 s1 m0 m1 d0 d1 dw tailsec vals ops iops mbps p99 fiocpu srv rest
     shift
     engine_opts "$tgt"
     prefill "$tgt"
@@ -294,12 +339,12 @@ run_rows() { # target pid...
         FIO_CMD=(fio "--name=$name" "${ENGINE[@]}" "--rw=$rw" "--bs=$bs" "--iodepth=$qd" "--size=$SIZE_B"
             --time_based "--runtime=$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
         echo "${FIO_CMD[*]}" > "$RESULTS/$tgt.$name.cmd"
-        s0=$(ticks "$@"); m0=$(busy_ticks)
+        s0=$(ticks "$@"); m0=$(busy_ticks); d0=$(disk_writes)
         # A hung server must not hang the benchmark.
         cpu_of "$json.cpu" timeout -k 10 $((RUNTIME + 120)) "${FIO_CMD[@]}" > "$json" || {
             echo "fio failed or timed out ($tgt $name); see $json" >&2; exit 1; }
         tailsec=$(settle "$@")
-        s1=$(ticks "$@"); m1=$(busy_ticks)
+        s1=$(ticks "$@"); m1=$(busy_ticks); d1=$(disk_writes)
         vals=$(parse_fio "$json")
         read -r ops iops mbps p99 <<<"$vals"
         # µs per I/O: the server, fio (with librbd), and the rest of the
@@ -309,10 +354,12 @@ s = ($s1 - $s0) * 1e6 / $HZ / $ops
 f = $(cat "$json.cpu") * 1e6 / $ops
 m = ($m1 - $m0) * 1e6 / $HZ / $ops
 print(s, f, max(0.0, m - s - f))")"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$tgt" "$ops" "$iops" "$mbps" "$p99" \
-            "$srv" "$fiocpu" "$rest" "$tailsec" >> "$TSV"
-        printf '  %-9s %-18s %9.0f IOPS %7.0f MB/s  p99 %8.0f us  server %8.1f us/op  fio %6.1f  rest %6.1f  tail %ss\n' \
-            "$tgt" "$name" "$iops" "$mbps" "$p99" "$srv" "$fiocpu" "$rest" "$tailsec" >&2
+        # device writes per I/O, over the same window
+        dw=$(python3 -c "print(($d1 - $d0) / $ops)")
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$tgt" "$ops" "$iops" "$mbps" "$p99" \
+            "$srv" "$fiocpu" "$rest" "$tailsec" "$dw" >> "$TSV"
+        printf '  %-9s %-18s %9.0f IOPS %7.0f MB/s  p99 %8.0f us  server %8.1f us/op  fio %6.1f  rest %6.1f  disk writes %5.2f/op  tail %ss\n' \
+            "$tgt" "$name" "$iops" "$mbps" "$p99" "$srv" "$fiocpu" "$rest" "$dw" "$tailsec" >&2
     done
 }
 
@@ -462,6 +509,10 @@ fi
 
 START=$(date -u '+%Y-%m-%d %H:%M UTC')
 T0=$SECONDS
+DISK=$(disk_of "$WORK")
+quiesce
+disk_rate
+echo "== the disk under $WORK (${DISK:-unknown}): $DISK_IOPS random 4 KiB direct writes a second, fio alone (QD32, 4 jobs)" >&2
 echo "== blizzard: $BIN up --replication 3 --tractservers 4 (write-through), $WORK" >&2
 quiesce
 blizzard_up
@@ -495,15 +546,17 @@ echo "ENGINE \`${ENGINE[*]}\` (blizzard) or"
 engine_opts ceph
 echo "\`${ENGINE[*]}\` (Ceph). Both prefilled (1 MiB sequential, QD8, $SIZE)."
 echo "blizzard: \`$(sed "s|$WORK/||g; s|127.0.0.1:[0-9]*|127.0.0.1:PORT|g" "$RESULTS/blizzard.cmd")\`."
+echo "The disk under DIR (${DISK:-unknown}), fio alone before the targets: $DISK_IOPS random 4 KiB direct writes a second (QD32, 4 jobs, $RUNTIME s)."
 echo "Servers' idle CPU before the rows: blizzard $(python3 -c "print(f'{100 * $BZ_IDLE / $HZ:.1f}')")%, Ceph $(python3 -c "print(f'{100 * $CEPH_IDLE / $HZ:.1f}')")% of a core."
 echo
-python3 - "$TSV" <<'EOF'
+python3 - "$TSV" "$DISK_IOPS" <<'EOF'
 import sys, collections
 rows = collections.OrderedDict()
+disk_iops = float(sys.argv[2])
 for line in open(sys.argv[1]):
-    name, tgt, ops, iops, mbps, p99, srv, fio, rest, tail = line.rstrip("\n").split("\t")
+    name, tgt, ops, iops, mbps, p99, srv, fio, rest, tail, dw = line.rstrip("\n").split("\t")
     rows.setdefault(name, {})[tgt] = dict(iops=float(iops), mbps=float(mbps), p99=float(p99), srv=float(srv),
-                                          fio=float(fio), rest=float(rest), tail=float(tail))
+                                          fio=float(fio), rest=float(rest), tail=float(tail), dw=float(dw))
 label = {"4k-randwrite-qd32": "4 KiB random write QD32", "4k-randwrite-qd1": "4 KiB random write QD1",
          "4k-randread-qd32": "4 KiB random read QD32", "1m-seqwrite-qd8": "1 MiB sequential write QD8"}
 def rate(name, r):
@@ -524,14 +577,22 @@ print()
 print("Not charged to the servers, per I/O (per MiB for 1 MiB): fio's CPU, all its processes and threads (for Ceph: with librbd and librados),")
 print("and the rest of the machine (kernel threads such as the loop devices' workers, interrupts, anything else running).")
 print()
-print("| workload | target | p99 µs | fio CPU µs | rest of machine µs | tail s |")
-print("|---|---|---|---|---|---|")
+print("| workload | target | p99 µs | fio CPU µs | rest of machine µs | disk writes per I/O | tail s |")
+print("|---|---|---|---|---|---|---|")
 for name, by in rows.items():
     for tgt in ("ceph", "blizzard"):
         r = by[tgt]
-        print(f"| {label[name]} | {tgt} | {r['p99']:,.0f} | {r['fio']:,.1f} | {r['rest']:,.1f} | {r['tail']:.1f} |")
+        print(f"| {label[name]} | {tgt} | {r['p99']:,.0f} | {r['fio']:,.1f} | {r['rest']:,.1f} | {r['dw']:.2f} | {r['tail']:.1f} |")
 print()
 w = ratio["4k-randwrite-qd32"]
+b = rows["4k-randwrite-qd32"]["blizzard"]
+c = rows["4k-randwrite-qd32"]["ceph"]
+if disk_iops > 0 and b["dw"] > 0:
+    print(f"The disk: fio alone made {disk_iops:,.0f} random 4 KiB writes a second. At blizzard's {b['dw']:.2f} disk "
+          f"writes per 4 KiB random write (3 replicas on this one disk), that allows about {disk_iops / b['dw']:,.0f} "
+          f"writes a second; blizzard made {b['iops']:,.0f} ({b['iops'] * b['dw']:,.0f} disk writes a second), "
+          f"and write_iops=15 would ask for {15 * c['iops']:,.0f}.")
+    print()
 print(f"vs-ceph: write_iops={w[0]:.2f} write_cpu={w[1]:.2f} read_iops={ratio['4k-randread-qd32'][0]:.2f} "
       f"seqwrite={ratio['1m-seqwrite-qd8'][0]:.2f}")
 EOF
