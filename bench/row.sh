@@ -17,6 +17,9 @@
 #                                 what the prefill left there, as bench/nbd.sh does)
 #   DIR=/var/tmp/blizzard-row     data directory, removed before and after
 #   PORT=10939                    NBD port (the metadata server takes PORT+1)
+#   UNIX=0                        1: serve NBD on a unix socket beside DIR, as
+#                                 bench/vs-ceph.sh does (TCP loopback costs the
+#                                 server more per request)
 #   UP_ARGS=                      more flags for `blizzard up`, e.g. "--threads 1"
 #   PERF=                         a path: also record the server with `perf record -g`
 #                                 while fio runs (then: perf report -i PATH)
@@ -40,13 +43,18 @@ PREFILL=${PREFILL:-1}
 DIR=${DIR:-/var/tmp/blizzard-row}
 PORT=${PORT:-10939}
 URI=nbd://127.0.0.1:$PORT/disk
+LISTEN=127.0.0.1:$PORT
+if [ "${UNIX:-0}" = 1 ]; then
+    LISTEN=unix:$DIR.sock
+    URI="nbd+unix:///disk?socket=$DIR.sock"
+fi
 LOG=$(mktemp)
 
 rm -rf "$DIR"
-"$BIN" up --data "$DIR" --listen "127.0.0.1:$PORT" --meta-listen "127.0.0.1:$((PORT + 1))" \
+"$BIN" up --data "$DIR" --listen "$LISTEN" --meta-listen "127.0.0.1:$((PORT + 1))" \
     --tractservers 4 --replication "$REPL" --mode "$MODE" --flush "$FLUSH" --size 1GiB ${UP_ARGS:-} > "$LOG" 2>&1 &
 PID=$!
-trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$LOG"' EXIT
+trap 'kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$DIR" "$DIR.sock" "$LOG"' EXIT
 
 . bench/lib/up.sh
 wait_up "$LOG" "$PID" 180
