@@ -192,14 +192,14 @@ pub trait Disk: Send + Sync {
 /// offsets and lengths that are multiples of it go straight to the device.
 pub const DIRECT_IO_ALIGN: usize = 4096;
 
-/// An empty buffer with room for at least `len` bytes whose first byte is
-/// aligned for direct I/O, so data read from the network into it can go to
-/// the disk without another copy.
 /// The CRC32C of each `piece` bytes of `data` (the last may be shorter).
 pub fn crcs_of(data: &[u8], piece: usize) -> Vec<u32> {
     data.chunks(piece.max(1)).map(blizzard_core::crc::crc32c).collect()
 }
 
+/// An empty buffer with room for at least `len` bytes whose first byte is
+/// aligned for direct I/O, so data read from the network into it can go to
+/// the disk without another copy.
 pub fn aligned_buffer(len: usize) -> BytesMut {
     let mut b = BytesMut::with_capacity(len + DIRECT_IO_ALIGN);
     let pad = b.as_ptr().align_offset(DIRECT_IO_ALIGN).min(DIRECT_IO_ALIGN);
