@@ -48,6 +48,21 @@
 # per I/O. The table's last paragraph says how many writes a second that
 # rate allows at blizzard's device writes per 4 KiB write.
 #
+# And what any server could do here, with no store at all (the floors),
+# since on one VM the kernel's share of a write is most of its cost:
+#   bare writes  fio alone does a 3-way store's least disk work: three
+#                files of 1 GiB (written first in 64 KiB blocks, as the
+#                targets are prefilled), 4 KiB random writes to each and an
+#                fdatasync every 16 (about what blizzard's group commits
+#                batch per replica in the QD32 row), RUNTIME seconds; the
+#                jobs' CPU per 3-way write. Twice: through the page cache (psync)
+#                and direct (io_uring, QD16 per file).
+#   NBD alone    nbdkit's null plugin on a unix socket behind the same fio
+#                nbd engine: its CPU per 4 KiB random write and read, QD32.
+# A 3-way store served over NBD spends at least the cheaper bare write
+# plus NBD's write; the paragraph before the last line says what that
+# leaves of the write_cpu goal, and what the read goal asks of the cores.
+#
 # Environment (all optional):
 #   RUNTIME=15     seconds per row
 #   SIZE=4GiB      the RBD image, the blizzard volume and fio's working set
@@ -61,7 +76,7 @@
 #   CARGO_TARGET_DIR  where the blizzard binary is (default target)
 #
 # Needs root (loop devices, drop_caches). Installs Debian's ceph-mon,
-# ceph-mgr, ceph-osd, ceph-common, fio, libnbd-bin and uuid-runtime if
+# ceph-mgr, ceph-osd, ceph-common, fio, libnbd-bin, nbdkit and uuid-runtime if
 # missing. Ceph is stopped by PID and its loop devices detached at the end,
 # also on error or Ctrl-C (trap). Prints the table, then ends with one line:
 #   vs-ceph: write_iops=X write_cpu=Y read_iops=Z seqwrite=W
@@ -101,7 +116,8 @@ DISK_B=$((SIZE_B + (512 << 20)))
 
 need=()
 for c in ceph-mon:ceph-mon ceph-mgr:ceph-mgr ceph-osd:ceph-osd ceph:ceph-common rbd:ceph-common \
-    monmaptool:ceph-common ceph-authtool:ceph-common fio:fio nbdinfo:libnbd-bin uuidgen:uuid-runtime; do
+    monmaptool:ceph-common ceph-authtool:ceph-common fio:fio nbdinfo:libnbd-bin nbdkit:nbdkit \
+    uuidgen:uuid-runtime; do
     command -v "${c%%:*}" >/dev/null || need+=("${c#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -109,7 +125,7 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-for e in rbd nbd; do
+for e in rbd nbd io_uring; do
     fio --enghelp 2>/dev/null | grep -qw "$e" || { echo "this fio has no $e engine" >&2; exit 1; }
 done
 
@@ -128,6 +144,7 @@ cd "$WORK"
 
 HZ=$(getconf CLK_TCK)
 SERVER_PID=     # blizzard up
+NULL_PID=       # nbdkit null, for the NBD floor
 SERVER_LOG=
 CEPH=$WORK/ceph
 CEPH_PIDS=()    # mon, mgr, OSDs: started in the foreground (-f), ours by PID
@@ -162,6 +179,11 @@ ceph_down() {
     rm -rf "$CEPH"
 }
 
+null_down() {
+    [ -n "$NULL_PID" ] && stop_pids "$NULL_PID"
+    NULL_PID=
+}
+
 blizzard_down() {
     [ -n "$SERVER_PID" ] && stop_pids "$SERVER_PID"
     SERVER_PID=
@@ -179,6 +201,7 @@ cleanup() {
             echo "(Ceph's logs: $RESULTS/ceph-log)" >&2
         fi
     fi
+    null_down
     blizzard_down
     ceph_down
     rm -rf "$WORK"
@@ -298,6 +321,68 @@ ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 open(sys.argv[1], "w").write(f"{ru.ru_utime + ru.ru_stime}\n")
 sys.exit(rc)
 EOF
+}
+
+# fio alone doing a 3-way store's least disk work (module docs); prints
+# its jobs' CPU µs per 3-way write and the 3-way writes a second.
+bare_writes() { # buffered|direct
+    local json=$RESULTS/bare-$1.json opts i files=()
+    case $1 in
+    buffered) opts=(--ioengine=psync) ;;
+    direct) opts=(--ioengine=io_uring --iodepth=16 --direct=1) ;;
+    esac
+    for i in 0 1 2; do
+        files+=("--name=replica$i" "--filename=$WORK/bare$i")
+        [ -f "$WORK/bare$i" ] || fio --name=layout "--filename=$WORK/bare$i" --size=1g --rw=write --bs=64k \
+            --end_fsync=1 --output-format=json > /dev/null
+    done
+    fio --size=1g --rw=randwrite --bs=4k --fdatasync=16 --time_based "--runtime=$RUNTIME" \
+        --norandommap --randrepeat=0 "${opts[@]}" --output-format=json "${files[@]}" > "$json" || {
+        echo "bare $1 writes failed; see $json" >&2; exit 1; }
+    # The jobs' own CPU (fio's usr_cpu and sys_cpu: the threads that made
+    # the system calls), not fio's main process, which polls and reports
+    # at a rate that has nothing to do with the writes.
+    python3 - "$json" <<'EOF'
+import json, sys
+t = open(sys.argv[1]).read(); jobs = json.loads(t[t.index("{"):])["jobs"]
+ops = sum(j["write"]["total_ios"] for j in jobs) / 3
+cpu = sum((j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1000 for j in jobs)
+secs = max(j["job_runtime"] for j in jobs) / 1000
+print(cpu * 1e6 / ops, ops / secs)
+EOF
+}
+
+# nbdkit's null plugin behind fio's nbd engine (module docs); prints the
+# server's and fio's CPU µs per 4 KiB I/O, and I/Os a second, for RW.
+nbd_alone() { # randwrite|randread
+    local json=$RESULTS/nbd-alone-$1.json a b ops iops
+    a=$(ticks "$NULL_PID")
+    cpu_of "$json.cpu" fio --name=nbd-alone --ioengine=nbd "--uri=nbd+unix:///?socket=$WORK/null.sock" \
+        "--rw=$1" --bs=4k --iodepth=32 "--size=$SIZE_B" --time_based "--runtime=$RUNTIME" \
+        --norandommap --randrepeat=0 --output-format=json > "$json" || {
+        echo "fio against nbdkit null failed; see $json" >&2; exit 1; }
+    b=$(ticks "$NULL_PID")
+    read -r ops iops _ <<<"$(parse_fio "$json")"
+    python3 -c "print(($b - $a) * 1e6 / $HZ / $ops, $(cat "$json.cpu") * 1e6 / $ops, $iops)"
+}
+
+floors() {
+    read -r BARE_BUF_US BARE_BUF_RATE <<<"$(bare_writes buffered)"
+    read -r BARE_DIRECT_US BARE_DIRECT_RATE <<<"$(bare_writes direct)"
+    rm -f "$WORK"/bare[0-2]
+    nbdkit -f -U "$WORK/null.sock" null "size=$SIZE_B" > "$RESULTS/nbdkit-null.log" 2>&1 &
+    NULL_PID=$!
+    for _ in $(seq 100); do [ -S "$WORK/null.sock" ] && break; sleep 0.1; done
+    [ -S "$WORK/null.sock" ] || { echo "nbdkit null did not start; see $RESULTS/nbdkit-null.log" >&2; exit 1; }
+    read -r NULL_W_US NULL_W_FIO_US NULL_W_IOPS <<<"$(nbd_alone randwrite)"
+    read -r NULL_R_US NULL_R_FIO_US NULL_R_IOPS <<<"$(nbd_alone randread)"
+    null_down
+    for v in BARE_BUF_US BARE_DIRECT_US NULL_W_US NULL_R_US NULL_R_FIO_US; do
+        [ -n "${!v}" ] || { echo "a floor was not measured ($v); see $RESULTS" >&2; exit 1; }
+    done
+    printf '  floors: bare 3-way writes %.1f us (buffered, %.0f/s), %.1f us (direct, %.0f/s); NBD alone %.1f us/write (%.0f/s), %.1f us/read (fio %.1f, %.1f)\n' \
+        "$BARE_BUF_US" "$BARE_BUF_RATE" "$BARE_DIRECT_US" "$BARE_DIRECT_RATE" "$NULL_W_US" "$NULL_W_IOPS" "$NULL_R_US" \
+        "$NULL_W_FIO_US" "$NULL_R_FIO_US" >&2
 }
 
 parse_fio() { # json -> ops iops MB/s p99_us
@@ -513,6 +598,9 @@ DISK=$(disk_of "$WORK")
 quiesce
 disk_rate
 echo "== the disk under $WORK (${DISK:-unknown}): $DISK_IOPS random 4 KiB direct writes a second, fio alone (QD32, 4 jobs)" >&2
+echo "== floors: fio alone writing 3 files, nbdkit null" >&2
+quiesce
+floors
 echo "== blizzard: $BIN up --replication 3 --tractservers 4 (write-through), $WORK" >&2
 quiesce
 blizzard_up
@@ -547,12 +635,14 @@ engine_opts ceph
 echo "\`${ENGINE[*]}\` (Ceph). Both prefilled (1 MiB sequential, QD8, $SIZE)."
 echo "blizzard: \`$(sed "s|$WORK/||g; s|127.0.0.1:[0-9]*|127.0.0.1:PORT|g" "$RESULTS/blizzard.cmd")\`."
 echo "The disk under DIR (${DISK:-unknown}), fio alone before the targets: $DISK_IOPS random 4 KiB direct writes a second (QD32, 4 jobs, $RUNTIME s)."
+echo "Floors, before the targets: fio alone writing three 1 GiB files at random (4 KiB, an fdatasync every 16 writes per file, $RUNTIME s) used $(printf '%.1f' "$BARE_BUF_US") µs of CPU per 3-way write through the page cache ($(printf '%.0f' "$BARE_BUF_RATE") a second) and $(printf '%.1f' "$BARE_DIRECT_US") µs direct (io_uring, QD16 per file; $(printf '%.0f' "$BARE_DIRECT_RATE") a second); nbdkit's null plugin behind the same fio nbd engine (QD32) used $(printf '%.1f' "$NULL_W_US") µs per 4 KiB write and $(printf '%.1f' "$NULL_R_US") µs per read (fio $(printf '%.1f' "$NULL_W_FIO_US") and $(printf '%.1f' "$NULL_R_FIO_US") µs; $(printf '%.0f' "$NULL_R_IOPS") reads a second)."
 echo "Servers' idle CPU before the rows: blizzard $(python3 -c "print(f'{100 * $BZ_IDLE / $HZ:.1f}')")%, Ceph $(python3 -c "print(f'{100 * $CEPH_IDLE / $HZ:.1f}')")% of a core."
 echo
-python3 - "$TSV" "$DISK_IOPS" <<'EOF'
+python3 - "$TSV" "$DISK_IOPS" "$BARE_BUF_US" "$BARE_DIRECT_US" "$NULL_W_US" "$NULL_R_US" "$NULL_R_FIO_US" "$(nproc)" <<'EOF'
 import sys, collections
 rows = collections.OrderedDict()
 disk_iops = float(sys.argv[2])
+bare_buf, bare_direct, null_w, null_r, null_r_fio, cores = map(float, sys.argv[3:9])
 for line in open(sys.argv[1]):
     name, tgt, ops, iops, mbps, p99, srv, fio, rest, tail, dw = line.rstrip("\n").split("\t")
     rows.setdefault(name, {})[tgt] = dict(iops=float(iops), mbps=float(mbps), p99=float(p99), srv=float(srv),
@@ -593,6 +683,19 @@ if disk_iops > 0 and b["dw"] > 0:
           f"writes a second; blizzard made {b['iops']:,.0f} ({b['iops'] * b['dw']:,.0f} disk writes a second), "
           f"and write_iops=15 would ask for {15 * c['iops']:,.0f}.")
     print()
+floor_w = min(bare_buf, bare_direct) + null_w
+r = rows["4k-randread-qd32"]
+cr = r["ceph"]
+max_reads = cores * 1e6 / (null_r + null_r_fio)
+print(f"The floors: a 3-way write served over NBD costs at least {floor_w:.1f} µs of CPU here (the cheaper bare write, "
+      f"{min(bare_buf, bare_direct):.1f}, plus NBD's {null_w:.1f}), so no server could show more than "
+      f"write_cpu={c['srv'] / floor_w:.2f} against this run's Ceph ({c['srv']:,.1f} µs per write); the goal of 20 asks for "
+      f"{c['srv'] / 20:.1f} µs, and blizzard used {b['srv']:.1f}. A read costs nbdkit null {null_r:.1f} µs and "
+      f"fio {null_r_fio:.1f}: with all {cores:.0f} cores busy and nothing else, at most {max_reads:,.0f} "
+      f"reads a second, {max_reads / cr['iops']:.2f}× Ceph's; read_iops=10 asks for "
+      f"{10 * cr['iops']:,.0f}, and blizzard made {r['blizzard']['iops']:,.0f} at {r['blizzard']['srv']:.1f} µs "
+      f"(fio {r['blizzard']['fio']:.1f}).")
+print()
 print(f"vs-ceph: write_iops={w[0]:.2f} write_cpu={w[1]:.2f} read_iops={ratio['4k-randread-qd32'][0]:.2f} "
       f"seqwrite={ratio['1m-seqwrite-qd8'][0]:.2f}")
 EOF
