@@ -14,8 +14,15 @@
 #             under DIR, a SIZE volume in write-through mode (the default: a
 #             write is acknowledged once durable on all 3 replicas), served
 #             on a unix socket and reached by fio's nbd engine (libnbd).
-# blizzard runs first (and is stopped and its data removed), then Ceph is
-# set up, measured and torn down, so neither idles beside the other's rows.
+# Both are set up and prefilled, then their rows are interleaved: each row
+# runs on one target, then at once on the other, the first of the pair
+# alternating from row to row and round to round. This VM's speed drifts by
+# 2-3x within minutes (the host's other guests): run one target after the
+# other, the ratios measured the two stretches of time as much as the two
+# systems. Each idles beside the other's rows (both idle rates are shown;
+# neither is charged the other's CPU). With ROUNDS=N every row pair runs N
+# times; the tables show each figure's median, and each ratio (the last
+# line's too) is the median of the N pairs' own ratios.
 #
 # Rows, RUNTIME seconds each (fio --time_based), one job, over the first
 # SIZE bytes: 4 KiB random write QD32, 4 KiB random write QD1, 4 KiB random
@@ -65,6 +72,7 @@
 #
 # Environment (all optional):
 #   RUNTIME=15     seconds per row
+#   ROUNDS=3       times each pair of rows runs (the tables show medians)
 #   SIZE=4GiB      the RBD image, the blizzard volume and fio's working set
 #   OSD_SIZE=10GiB each OSD's backing file (loop device)
 #   DIR=/var/tmp   where blizzard's data and Ceph's files go (a new temp dir
@@ -88,6 +96,7 @@ cd "$(dirname "$0")/.."
 . bench/lib/up.sh
 ROOT=$PWD
 RUNTIME=${RUNTIME:-15}
+ROUNDS=${ROUNDS:-3}
 SIZE=${SIZE:-4GiB}
 OSD_SIZE=${OSD_SIZE:-10GiB}
 BUILD=${BUILD:-0}
@@ -271,7 +280,8 @@ idle_rate() { # pid...
     python3 -c "print(($b - $a) / 5)"
 }
 
-# Waits until the servers use no more CPU than idle (IDLE ticks/s, plus 2
+# Waits until the servers use no more CPU than idle (IDLE ticks/s, the
+# rate of the target being measured, plus 2
 # ticks) over a whole second; prints how long that took (s), at most 60.
 settle() { # pid...
     local start a b limit
@@ -412,39 +422,62 @@ prefill() { # target
     printf '  %-9s prefill %s bytes: %.0f MB/s, %d s\n' "$1" "$SIZE_B" "$(cut -d' ' -f3 <<<"$vals")" $((SECONDS - t0)) >&2
 }
 
-run_rows() { # target pid...
-    local tgt=$1 spec name rw bs qd json s0 s1 m0 m1 d0 d1 dw tailsec vals ops iops mbps p99 fiocpu srv rest
-    shift
+# One row on one target; appends its figures to the TSV with its round.
+run_row() { # target round spec pid...
+    local tgt=$1 round=$2 spec=$3 name rw bs qd json s0 s1 m0 m1 d0 d1 dw tailsec vals ops iops mbps p99 fiocpu srv rest
+    shift 3
     engine_opts "$tgt"
-    prefill "$tgt"
-    settle "$@" > /dev/null
-    for spec in "${ROWS[@]}"; do
-        IFS='|' read -r name rw bs qd <<<"$spec"
-        json=$RESULTS/$tgt.$name.json
-        FIO_CMD=(fio "--name=$name" "${ENGINE[@]}" "--rw=$rw" "--bs=$bs" "--iodepth=$qd" "--size=$SIZE_B"
-            --time_based "--runtime=$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
-        echo "${FIO_CMD[*]}" > "$RESULTS/$tgt.$name.cmd"
-        s0=$(ticks "$@"); m0=$(busy_ticks); d0=$(disk_writes)
-        # A hung server must not hang the benchmark.
-        cpu_of "$json.cpu" timeout -k 10 $((RUNTIME + 120)) "${FIO_CMD[@]}" > "$json" || {
-            echo "fio failed or timed out ($tgt $name); see $json" >&2; exit 1; }
-        tailsec=$(settle "$@")
-        s1=$(ticks "$@"); m1=$(busy_ticks); d1=$(disk_writes)
-        vals=$(parse_fio "$json")
-        read -r ops iops mbps p99 <<<"$vals"
-        # µs per I/O: the server, fio (with librbd), and the rest of the
-        # machine (all busy CPU minus server minus fio)
-        read -r srv fiocpu rest <<<"$(python3 -c "
+    IFS='|' read -r name rw bs qd <<<"$spec"
+    json=$RESULTS/$tgt.$name.r$round.json
+    FIO_CMD=(fio "--name=$name" "${ENGINE[@]}" "--rw=$rw" "--bs=$bs" "--iodepth=$qd" "--size=$SIZE_B"
+        --time_based "--runtime=$RUNTIME" --norandommap --randrepeat=0 --output-format=json)
+    echo "${FIO_CMD[*]}" > "$RESULTS/$tgt.$name.cmd"
+    # The other target's rows may have left work behind (Ceph's compaction):
+    # it settles first, so this row starts on a quiet machine.
+    settle_all > /dev/null
+    s0=$(ticks "$@"); m0=$(busy_ticks); d0=$(disk_writes)
+    # A hung server must not hang the benchmark.
+    cpu_of "$json.cpu" timeout -k 10 $((RUNTIME + 120)) "${FIO_CMD[@]}" > "$json" || {
+        echo "fio failed or timed out ($tgt $name); see $json" >&2; exit 1; }
+    tailsec=$(IDLE=$(idle_of "$tgt") settle "$@")
+    s1=$(ticks "$@"); m1=$(busy_ticks); d1=$(disk_writes)
+    vals=$(parse_fio "$json")
+    read -r ops iops mbps p99 <<<"$vals"
+    # µs per I/O: the server, fio (with librbd), and the rest of the
+    # machine (all busy CPU minus server minus fio)
+    read -r srv fiocpu rest <<<"$(python3 -c "
 s = ($s1 - $s0) * 1e6 / $HZ / $ops
 f = $(cat "$json.cpu") * 1e6 / $ops
 m = ($m1 - $m0) * 1e6 / $HZ / $ops
 print(s, f, max(0.0, m - s - f))")"
-        # device writes per I/O, over the same window
-        dw=$(python3 -c "print(($d1 - $d0) / $ops)")
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$tgt" "$ops" "$iops" "$mbps" "$p99" \
-            "$srv" "$fiocpu" "$rest" "$tailsec" "$dw" >> "$TSV"
-        printf '  %-9s %-18s %9.0f IOPS %7.0f MB/s  p99 %8.0f us  server %8.1f us/op  fio %6.1f  rest %6.1f  disk writes %5.2f/op  tail %ss\n' \
-            "$tgt" "$name" "$iops" "$mbps" "$p99" "$srv" "$fiocpu" "$rest" "$dw" "$tailsec" >&2
+    # device writes per I/O, over the same window
+    dw=$(python3 -c "print(($d1 - $d0) / $ops)")
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$tgt" "$ops" "$iops" "$mbps" "$p99" \
+        "$srv" "$fiocpu" "$rest" "$tailsec" "$dw" "$round" >> "$TSV"
+    printf '  %-9s %-18s %9.0f IOPS %7.0f MB/s  p99 %8.0f us  server %8.1f us/op  fio %6.1f  rest %6.1f  disk writes %5.2f/op  tail %ss\n' \
+        "$tgt" "$name" "$iops" "$mbps" "$p99" "$srv" "$fiocpu" "$rest" "$dw" "$tailsec" >&2
+}
+
+idle_of() { # target: its servers' idle ticks a second
+    case $1 in
+    ceph) echo "$CEPH_IDLE" ;;
+    blizzard) echo "$BZ_IDLE" ;;
+    esac
+}
+
+pids_of() { # target
+    case $1 in
+    ceph) echo "${CEPH_PIDS[@]}" ;;
+    blizzard) echo "$SERVER_PID" ;;
+    esac
+}
+
+# Both targets' servers back to idle (each against its own idle rate).
+settle_all() {
+    local tgt
+    for tgt in blizzard ceph; do
+        # shellcheck disable=SC2046 # pids, split on purpose
+        IDLE=$(idle_of "$tgt") settle $(pids_of "$tgt")
     done
 }
 
@@ -604,49 +637,62 @@ floors
 echo "== blizzard: $BIN up --replication 3 --tractservers 4 (write-through), $WORK" >&2
 quiesce
 blizzard_up
-IDLE=$(idle_rate "$SERVER_PID")
-BZ_IDLE=$IDLE
-run_rows blizzard "$SERVER_PID"
-kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died during the rows" >&2; exit 1; }
-blizzard_down
-
+BZ_IDLE=$(idle_rate "$SERVER_PID")
 echo "== ceph: 1 mon, 1 mgr, $NOSD BlueStore OSDs on loop devices, pool $POOL size 3, $SIZE image" >&2
-quiesce
 ceph_up
-IDLE=$(idle_rate "${CEPH_PIDS[@]}")
-CEPH_IDLE=$IDLE
-run_rows ceph "${CEPH_PIDS[@]}"
+CEPH_IDLE=$(idle_rate "${CEPH_PIDS[@]}")
+# Measured alone, before the other starts: blizzard's with Ceph not yet
+# up, Ceph's beside an idle blizzard (its own ticks only either way).
+prefill blizzard
+prefill ceph
+echo "== the rows, interleaved ($ROUNDS round(s))" >&2
+for round in $(seq "$ROUNDS"); do
+    for i in "${!ROWS[@]}"; do
+        if [ $(((i + round) % 2)) = 1 ]; then pair=(blizzard ceph); else pair=(ceph blizzard); fi
+        for tgt in "${pair[@]}"; do
+            # shellcheck disable=SC2046 # pids, split on purpose
+            run_row "$tgt" "$round" "${ROWS[$i]}" $(pids_of "$tgt")
+        done
+    done
+done
+kill -0 "$SERVER_PID" 2>/dev/null || { echo "blizzard up died during the rows" >&2; exit 1; }
 for pid in "${CEPH_PIDS[@]}"; do
     kill -0 "$pid" 2>/dev/null || { echo "a Ceph daemon (pid $pid) died during the rows" >&2; exit 1; }
 done
 CEPH_VERSION=$(ceph -v | awk '{print $3}')
+blizzard_down
 ceph_down
 echo "(run took $((SECONDS - T0)) s; Ceph torn down, loop devices detached, blizzard stopped)" >&2
 
 {
 echo "Run $START, commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (dirty tree)'), $(nproc) cores, Ceph $CEPH_VERSION."
 echo
-echo "Command (as root): \`RUNTIME=$RUNTIME SIZE=$SIZE $CMDLINE\`"
+echo "Command (as root): \`RUNTIME=$RUNTIME ROUNDS=$ROUNDS SIZE=$SIZE $CMDLINE\`"
 echo
 engine_opts blizzard
 echo "Each row: \`fio --name=ROW ENGINE --rw=RW --bs=BS --iodepth=QD --size=$SIZE_B --time_based --runtime=$RUNTIME --norandommap --randrepeat=0\`,"
 echo "ENGINE \`${ENGINE[*]}\` (blizzard) or"
 engine_opts ceph
-echo "\`${ENGINE[*]}\` (Ceph). Both prefilled (1 MiB sequential, QD8, $SIZE)."
+echo "\`${ENGINE[*]}\` (Ceph). Both prefilled (1 MiB sequential, QD8, $SIZE), then the rows interleaved, the first of each pair alternating; $ROUNDS round(s)$([ "$ROUNDS" -gt 1 ] && echo ', each figure the median of the rounds')."
 echo "blizzard: \`$(sed "s|$WORK/||g; s|127.0.0.1:[0-9]*|127.0.0.1:PORT|g" "$RESULTS/blizzard.cmd")\`."
 echo "The disk under DIR (${DISK:-unknown}), fio alone before the targets: $DISK_IOPS random 4 KiB direct writes a second (QD32, 4 jobs, $RUNTIME s)."
 echo "Floors, before the targets: fio alone writing three 1 GiB files at random (4 KiB, an fdatasync every 16 writes per file, $RUNTIME s) used $(printf '%.1f' "$BARE_BUF_US") µs of CPU per 3-way write through the page cache ($(printf '%.0f' "$BARE_BUF_RATE") a second) and $(printf '%.1f' "$BARE_DIRECT_US") µs direct (io_uring, QD16 per file; $(printf '%.0f' "$BARE_DIRECT_RATE") a second); nbdkit's null plugin behind the same fio nbd engine (QD32) used $(printf '%.1f' "$NULL_W_US") µs per 4 KiB write and $(printf '%.1f' "$NULL_R_US") µs per read (fio $(printf '%.1f' "$NULL_W_FIO_US") and $(printf '%.1f' "$NULL_R_FIO_US") µs; $(printf '%.0f' "$NULL_R_IOPS") reads a second)."
-echo "Servers' idle CPU before the rows: blizzard $(python3 -c "print(f'{100 * $BZ_IDLE / $HZ:.1f}')")%, Ceph $(python3 -c "print(f'{100 * $CEPH_IDLE / $HZ:.1f}')")% of a core."
+echo "Servers' idle CPU before the rows (each idles beside the other's): blizzard $(python3 -c "print(f'{100 * $BZ_IDLE / $HZ:.1f}')")%, Ceph $(python3 -c "print(f'{100 * $CEPH_IDLE / $HZ:.1f}')")% of a core."
 echo
 python3 - "$TSV" "$DISK_IOPS" "$BARE_BUF_US" "$BARE_DIRECT_US" "$NULL_W_US" "$NULL_R_US" "$NULL_R_FIO_US" "$(nproc)" <<'EOF'
-import sys, collections
-rows = collections.OrderedDict()
+import sys, collections, statistics
+runs = collections.OrderedDict()
 disk_iops = float(sys.argv[2])
 bare_buf, bare_direct, null_w, null_r, null_r_fio, cores = map(float, sys.argv[3:9])
+keys = ("iops", "mbps", "p99", "srv", "fio", "rest", "tail", "dw")
 for line in open(sys.argv[1]):
-    name, tgt, ops, iops, mbps, p99, srv, fio, rest, tail, dw = line.rstrip("\n").split("\t")
-    rows.setdefault(name, {})[tgt] = dict(iops=float(iops), mbps=float(mbps), p99=float(p99), srv=float(srv),
-                                          fio=float(fio), rest=float(rest), tail=float(tail), dw=float(dw))
+    name, tgt, ops, iops, mbps, p99, srv, fio, rest, tail, dw, rnd = line.rstrip("\n").split("\t")
+    runs.setdefault(name, {}).setdefault(tgt, []).append(
+        dict(zip(keys, map(float, (iops, mbps, p99, srv, fio, rest, tail, dw)))))
+# Each figure: its median over the rounds (the one figure with one round).
+rows = collections.OrderedDict(
+    (name, {tgt: {k: statistics.median(r[k] for r in rs) for k in keys} for tgt, rs in by.items()})
+    for name, by in runs.items())
 label = {"4k-randwrite-qd32": "4 KiB random write QD32", "4k-randwrite-qd1": "4 KiB random write QD1",
          "4k-randread-qd32": "4 KiB random read QD32", "1m-seqwrite-qd8": "1 MiB sequential write QD8"}
 def rate(name, r):
@@ -655,12 +701,19 @@ def shown(name, r):
     return f"{r['mbps']:,.0f} MB/s" if name.startswith("1m") else f"{r['iops']:,.0f}"
 def cpu(name, v):
     return f"{v:,.0f} µs/MiB" if name.startswith("1m") else f"{v:,.1f} µs"
+if len(runs["4k-randwrite-qd32"]["blizzard"]) > 1:
+    print("Figures are the medians of the rounds; each ratio is the median of the rounds' ratios.")
+    print()
 print("| workload | Ceph IOPS or MB/s | Ceph CPU per I/O | blizzard IOPS or MB/s | blizzard CPU per I/O | ratio blizzard ÷ Ceph | CPU ratio Ceph ÷ blizzard |")
 print("|---|---|---|---|---|---|---|")
+# Each ratio is the median of the rounds' own ratios: a round's two rows ran
+# within the same minute or two, on the same machine weather.
 ratio = {}
 for name, by in rows.items():
     c, b = by["ceph"], by["blizzard"]
-    ratio[name] = (rate(name, b) / rate(name, c), c["srv"] / b["srv"])
+    pairs = list(zip(runs[name]["blizzard"], runs[name]["ceph"]))
+    ratio[name] = (statistics.median(rate(name, rb) / rate(name, rc) for rb, rc in pairs),
+                   statistics.median(rc["srv"] / rb["srv"] for rb, rc in pairs))
     print(f"| {label[name]} | {shown(name, c)} | {cpu(name, c['srv'])} | {shown(name, b)} | {cpu(name, b['srv'])} "
           f"| {ratio[name][0]:.2f}× | {ratio[name][1]:.2f}× |")
 print()
