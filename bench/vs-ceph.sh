@@ -637,12 +637,13 @@ floors
 echo "== blizzard: $BIN up --replication 3 --tractservers 4 (write-through), $WORK" >&2
 quiesce
 blizzard_up
+# Each target's idle rate is measured before the other is busy: blizzard's
+# with Ceph not yet up, Ceph's beside an idle blizzard (its own ticks only
+# either way).
 BZ_IDLE=$(idle_rate "$SERVER_PID")
 echo "== ceph: 1 mon, 1 mgr, $NOSD BlueStore OSDs on loop devices, pool $POOL size 3, $SIZE image" >&2
 ceph_up
 CEPH_IDLE=$(idle_rate "${CEPH_PIDS[@]}")
-# Measured alone, before the other starts: blizzard's with Ceph not yet
-# up, Ceph's beside an idle blizzard (its own ticks only either way).
 prefill blizzard
 prefill ceph
 echo "== the rows, interleaved ($ROUNDS round(s))" >&2
@@ -687,11 +688,11 @@ bare_buf, bare_direct, null_w, null_r, null_r_fio, cores = map(float, sys.argv[3
 keys = ("iops", "mbps", "p99", "srv", "fio", "rest", "tail", "dw")
 for line in open(sys.argv[1]):
     name, tgt, ops, iops, mbps, p99, srv, fio, rest, tail, dw, rnd = line.rstrip("\n").split("\t")
-    runs.setdefault(name, {}).setdefault(tgt, []).append(
-        dict(zip(keys, map(float, (iops, mbps, p99, srv, fio, rest, tail, dw)))))
+    runs.setdefault(name, {}).setdefault(tgt, {})[int(rnd)] = dict(
+        zip(keys, map(float, (iops, mbps, p99, srv, fio, rest, tail, dw))))
 # Each figure: its median over the rounds (the one figure with one round).
 rows = collections.OrderedDict(
-    (name, {tgt: {k: statistics.median(r[k] for r in rs) for k in keys} for tgt, rs in by.items()})
+    (name, {tgt: {k: statistics.median(r[k] for r in rs.values()) for k in keys} for tgt, rs in by.items()})
     for name, by in runs.items())
 label = {"4k-randwrite-qd32": "4 KiB random write QD32", "4k-randwrite-qd1": "4 KiB random write QD1",
          "4k-randread-qd32": "4 KiB random read QD32", "1m-seqwrite-qd8": "1 MiB sequential write QD8"}
@@ -711,7 +712,7 @@ print("|---|---|---|---|---|---|---|")
 ratio = {}
 for name, by in rows.items():
     c, b = by["ceph"], by["blizzard"]
-    pairs = list(zip(runs[name]["blizzard"], runs[name]["ceph"]))
+    pairs = [(rb, runs[name]["ceph"][rnd]) for rnd, rb in runs[name]["blizzard"].items()]
     ratio[name] = (statistics.median(rate(name, rb) / rate(name, rc) for rb, rc in pairs),
                    statistics.median(rc["srv"] / rb["srv"] for rb, rc in pairs))
     print(f"| {label[name]} | {shown(name, c)} | {cpu(name, c['srv'])} | {shown(name, b)} | {cpu(name, b['srv'])} "
