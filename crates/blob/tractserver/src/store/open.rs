@@ -70,20 +70,20 @@ impl Store {
     }
 
     /// Opens a formatted disk and rebuilds all tract metadata from it.
+    ///
+    /// Reads come first and in order (superblock, positions, the journal,
+    /// the slot table, the chunk table); each recovery case of the table
+    /// above is decided by a pure function below (`slot_state`,
+    /// `free_duplicates`, `newest_positions`, `apply_records`).
     pub async fn open(disk: Arc<dyn Disk>) -> Result<Store, StoreError> {
         let sb = disk.read_at(0, SUPERBLOCK_LEN as usize).await?;
         let layout = Layout::decode_superblock(&sb, disk.len())?;
 
-        // Positions: the valid record with the higher sequence number.
-        let mut positions = (0u64, None);
+        let mut found = Vec::with_capacity(2);
         for which in 0..2u8 {
-            let b = disk.read_at(layout.positions_slot_offset(which), POSITIONS_SLOT_LEN as usize).await?;
-            if let Some((seq, payload)) = decode_positions(&b) {
-                if positions.1.is_none() || seq > positions.0 {
-                    positions = (seq, Some(payload.to_vec()));
-                }
-            }
+            found.push(disk.read_at(layout.positions_slot_offset(which), POSITIONS_SLOT_LEN as usize).await?);
         }
+        let positions = newest_positions(found.iter().map(|b| decode_positions(b)));
 
         // The journal: the records the chunk table may lack, by slot.
         let (head, head_slot) = Head::newest(
@@ -91,19 +91,12 @@ impl Store {
             &disk.read_at(layout.journal_head_offset(1), JOURNAL_HEAD_LEN as usize).await?,
         );
         let ring = disk.read_at(layout.journal_ring_offset(), layout.journal_len as usize).await?;
-        let found = jformat::scan(&ring, layout.slot_count, layout.chunks_per_tract());
+        let scanned = jformat::scan(&ring, layout.slot_count, layout.chunks_per_tract());
         drop(ring);
-        let replay = jformat::replay(found, head, layout.journal_len)
+        let replay = jformat::replay(scanned, head, layout.journal_len)
             .map_err(|e| StoreError::Io(io::Error::new(io::ErrorKind::InvalidData, e)))?;
         let replayed = replay.records.len();
-        let mut journaled: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
-        let mut dirty: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
-        for r in replay.records {
-            let (lo, hi) = (r.first_chunk, r.first_chunk + r.entries.len() as u32);
-            let range = dirty.entry(r.slot).or_insert((lo, hi));
-            *range = (range.0.min(lo), range.1.max(hi));
-            journaled.entry(r.slot).or_default().push(r);
-        }
+        let (mut journaled, dirty) = records_by_slot(replay.records);
         if replayed > 0 {
             tracing::info!(
                 records = replayed,
@@ -125,108 +118,24 @@ impl Store {
         }
 
         let cpt = layout.chunks_per_tract();
+        let table_len = (cpt as u64 * CHUNK_ENTRY_LEN) as usize;
         let mut states: Vec<SlotState> = Vec::with_capacity(n as usize);
         let mut index = Index { map: HashMap::new(), free: Vec::new(), next_alloc_seq: 1, quarantined: 0 };
-        let per_read = ((RECOVERY_READ_BYTES / (cpt as u64 * CHUNK_ENTRY_LEN)).max(1)) as u32;
+        let per_read = ((RECOVERY_READ_BYTES / table_len as u64).max(1)) as u32;
         let mut s = 0u32;
         while s < n {
             let k = per_read.min(n - s);
-            let b = disk
-                .read_at(layout.chunk_entry_offset(s, 0), (k as u64 * cpt as u64 * CHUNK_ENTRY_LEN) as usize)
-                .await?;
-            for (i, table) in b.chunks_exact((cpt as u64 * CHUNK_ENTRY_LEN) as usize).enumerate() {
+            let b = disk.read_at(layout.chunk_entry_offset(s, 0), k as usize * table_len).await?;
+            for (i, table) in b.chunks_exact(table_len).enumerate() {
                 let slot = s + i as u32;
                 let mut chunks: Vec<ChunkEntry> =
                     table.chunks_exact(CHUNK_ENTRY_LEN as usize).map(ChunkEntry::decode).collect();
-                // As if each record had been written in place, in order.
-                for r in journaled.remove(&slot).into_iter().flatten() {
-                    for (k, e) in r.entries.into_iter().enumerate() {
-                        if let Some(c) = chunks.get_mut(r.first_chunk as usize + k) {
-                            *c = e;
-                        }
-                    }
-                }
-                let max_chunk_gen = chunks.iter().map(|c| c.generation).max().unwrap_or(0);
-                let state = match records[slot as usize] {
-                    SlotRecord::Blank => {
-                        index.free.push(slot);
-                        SlotState {
-                            entry: blank_entry(),
-                            chunks: Vec::new(),
-                            unsettled: ChunkSet::default(),
-                            max_generation: max_chunk_gen,
-                        }
-                    }
-                    SlotRecord::Damaged => {
-                        // Unknown tenant: never hand this slot out again.
-                        tracing::error!(slot, "slot table entry is damaged; quarantining the slot");
-                        index.quarantined += 1;
-                        SlotState {
-                            entry: blank_entry(),
-                            chunks: Vec::new(),
-                            unsettled: ChunkSet::default(),
-                            max_generation: u32::MAX,
-                        }
-                    }
-                    SlotRecord::Valid(e) => {
-                        index.next_alloc_seq = index.next_alloc_seq.max(e.alloc_seq + 1);
-                        let max_generation = e.generation.max(max_chunk_gen);
-                        if e.used {
-                            // An overwrite entry keeps the previous CRC
-                            // because the write puts it before its data:
-                            // cut off in between, the bytes are the old
-                            // ones. Which of the two they are, only the
-                            // bytes tell (a digest reads them).
-                            let mut unsettled = ChunkSet::default();
-                            for (c, ce) in chunks.iter().enumerate() {
-                                if ce.generation == e.generation
-                                    && e.generation != 0
-                                    && ce.prev_generation == ce.generation
-                                {
-                                    unsettled.insert(c as u32);
-                                }
-                            }
-                            SlotState { entry: e, chunks, unsettled, max_generation }
-                        } else {
-                            index.free.push(slot);
-                            SlotState {
-                                entry: e,
-                                chunks: Vec::new(),
-                                unsettled: ChunkSet::default(),
-                                max_generation,
-                            }
-                        }
-                    }
-                };
-                states.push(state);
+                apply_records(&mut chunks, journaled.remove(&slot).unwrap_or_default());
+                states.push(slot_state(slot, records[slot as usize], chunks, &mut index));
             }
             s += k;
         }
-        // Map tracts to slots; two used entries for one tract means a crash
-        // between freeing one and reallocating the tract elsewhere: the
-        // later allocation is the live one.
-        for slot in 0..states.len() {
-            let e = states[slot].entry;
-            if !e.used {
-                continue;
-            }
-            let key = (e.blob, e.tract);
-            let loser = match index.map.get(&key).copied() {
-                None => None,
-                Some(other) if states[other as usize].entry.alloc_seq > e.alloc_seq => Some(slot as u32),
-                Some(other) => Some(other),
-            };
-            if let Some(l) = loser {
-                tracing::warn!(blob = %e.blob, tract = %e.tract, slot = l, "two slots hold one tract; freeing the older");
-                let st = &mut states[l as usize];
-                st.entry.used = false;
-                st.reset_chunks(Vec::new());
-                index.free.push(l);
-            }
-            if loser != Some(slot as u32) {
-                index.map.insert(key, slot as u32);
-            }
-        }
+        free_duplicates(&mut states, &mut index);
         let slots: Vec<RwLock<SlotState>> = states.into_iter().map(RwLock::new).collect();
         index.free.sort_unstable_by(|a, b| b.cmp(a));
         tracing::info!(
@@ -250,6 +159,123 @@ impl Store {
             backup: std::sync::OnceLock::new(),
             stats: StoreStats::default(),
         })
+    }
+}
+
+/// The assignment to use of the two positions slots' records (`None`
+/// where invalid): the valid one with the higher sequence number.
+fn newest_positions<'a>(found: impl Iterator<Item = Option<(u64, &'a [u8])>>) -> (u64, Option<Vec<u8>>) {
+    let mut positions = (0u64, None);
+    for (seq, payload) in found.flatten() {
+        if positions.1.is_none() || seq > positions.0 {
+            positions = (seq, Some(payload.to_vec()));
+        }
+    }
+    positions
+}
+
+/// Chunks `lo..hi` of each slot that journal records touch: the
+/// journal's dirty set until its next checkpoint.
+type DirtyRanges = BTreeMap<u32, (u32, u32)>;
+
+/// The journal's replayed records grouped by slot (in `seq` order within
+/// each), and the range of chunks they touch in each slot.
+fn records_by_slot(records: Vec<Record>) -> (BTreeMap<u32, Vec<Record>>, DirtyRanges) {
+    let mut by_slot: BTreeMap<u32, Vec<Record>> = BTreeMap::new();
+    let mut dirty = DirtyRanges::new();
+    for r in records {
+        let (lo, hi) = (r.first_chunk, r.first_chunk + r.entries.len() as u32);
+        let range = dirty.entry(r.slot).or_insert((lo, hi));
+        *range = (range.0.min(lo), range.1.max(hi));
+        by_slot.entry(r.slot).or_default().push(r);
+    }
+    (by_slot, dirty)
+}
+
+/// A slot's chunk table as if each journal record had been written in
+/// place, in order. Entries past the table's end are ignored.
+fn apply_records(chunks: &mut [ChunkEntry], records: Vec<Record>) {
+    for r in records {
+        for (k, e) in r.entries.into_iter().enumerate() {
+            if let Some(c) = chunks.get_mut(r.first_chunk as usize + k) {
+                *c = e;
+            }
+        }
+    }
+}
+
+/// The recovery cases of one slot (module docs): what memory holds for
+/// `slot`, given its slot-table record and its chunk table (journal
+/// applied). Free and quarantined slots are counted in `index`, and
+/// `next_alloc_seq` rises past every allocation found; the map of tracts
+/// to slots is filled afterwards ([`free_duplicates`]).
+fn slot_state(slot: u32, record: SlotRecord, chunks: Vec<ChunkEntry>, index: &mut Index) -> SlotState {
+    let max_chunk_gen = chunks.iter().map(|c| c.generation).max().unwrap_or(0);
+    let empty = |entry, max_generation| SlotState {
+        entry,
+        chunks: Vec::new(),
+        unsettled: ChunkSet::default(),
+        max_generation,
+    };
+    match record {
+        SlotRecord::Blank => {
+            index.free.push(slot);
+            empty(blank_entry(), max_chunk_gen)
+        }
+        SlotRecord::Damaged => {
+            // Unknown tenant: never hand this slot out again.
+            tracing::error!(slot, "slot table entry is damaged; quarantining the slot");
+            index.quarantined += 1;
+            empty(blank_entry(), u32::MAX)
+        }
+        SlotRecord::Valid(e) => {
+            index.next_alloc_seq = index.next_alloc_seq.max(e.alloc_seq + 1);
+            let max_generation = e.generation.max(max_chunk_gen);
+            if !e.used {
+                index.free.push(slot);
+                return empty(e, max_generation);
+            }
+            // An overwrite entry keeps the previous CRC because the write
+            // puts it before its data: cut off in between, the bytes are
+            // the old ones. Which of the two they are, only the bytes tell
+            // (a digest reads them).
+            let mut unsettled = ChunkSet::default();
+            for (c, ce) in chunks.iter().enumerate() {
+                if ce.generation == e.generation && e.generation != 0 && ce.prev_generation == ce.generation {
+                    unsettled.insert(c as u32);
+                }
+            }
+            SlotState { entry: e, chunks, unsettled, max_generation }
+        }
+    }
+}
+
+/// Maps each used slot's tract to it. Two used entries for one tract mean
+/// a crash between freeing one and allocating the tract elsewhere: the
+/// later allocation (higher `alloc_seq`) is the live one, the other is
+/// freed.
+fn free_duplicates(states: &mut [SlotState], index: &mut Index) {
+    for slot in 0..states.len() {
+        let e = states[slot].entry;
+        if !e.used {
+            continue;
+        }
+        let key = (e.blob, e.tract);
+        let loser = match index.map.get(&key).copied() {
+            None => None,
+            Some(other) if states[other as usize].entry.alloc_seq > e.alloc_seq => Some(slot as u32),
+            Some(other) => Some(other),
+        };
+        if let Some(l) = loser {
+            tracing::warn!(blob = %e.blob, tract = %e.tract, slot = l, "two slots hold one tract; freeing the older");
+            let st = &mut states[l as usize];
+            st.entry.used = false;
+            st.reset_chunks(Vec::new());
+            index.free.push(l);
+        }
+        if loser != Some(slot as u32) {
+            index.map.insert(key, slot as u32);
+        }
     }
 }
 
@@ -287,5 +313,148 @@ fn blank_entry() -> SlotEntry {
         tract: TractNo(0),
         written_version: 0,
         alloc_seq: 0,
+    }
+}
+
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+
+    fn index() -> Index {
+        Index { map: HashMap::new(), free: Vec::new(), next_alloc_seq: 1, quarantined: 0 }
+    }
+
+    fn used(blob: u128, generation: u32, alloc_seq: u64) -> SlotEntry {
+        SlotEntry {
+            used: true,
+            generation,
+            blob: BlobId(blob),
+            incarnation: 1,
+            tract: TractNo(0),
+            written_version: 1,
+            alloc_seq,
+        }
+    }
+
+    fn chunk(crc: u32, generation: u32, prev: bool) -> ChunkEntry {
+        ChunkEntry {
+            crc,
+            generation,
+            prev_crc: if prev { crc ^ 1 } else { 0 },
+            prev_generation: if prev { generation } else { 0 },
+        }
+    }
+
+    /// A blank slot is free, and its next tenant's generation must pass
+    /// every generation its chunk table still holds.
+    #[test]
+    fn a_blank_slot_is_free_above_its_leftover_generations() {
+        let mut ix = index();
+        let st = slot_state(3, SlotRecord::Blank, vec![chunk(1, 7, false), chunk(2, 2, false)], &mut ix);
+        assert_eq!(ix.free, vec![3]);
+        assert!(!st.entry.used && st.chunks.is_empty());
+        assert_eq!(st.max_generation, 7);
+    }
+
+    /// A damaged slot entry is quarantined: not free, and no generation
+    /// could ever be new there.
+    #[test]
+    fn a_damaged_slot_is_quarantined() {
+        let mut ix = index();
+        let st = slot_state(4, SlotRecord::Damaged, vec![chunk(1, 7, false)], &mut ix);
+        assert!(ix.free.is_empty());
+        assert_eq!(ix.quarantined, 1);
+        assert_eq!(st.max_generation, u32::MAX);
+    }
+
+    /// A used slot keeps its chunks; the overwrite entries of its
+    /// generation are unsettled (only the bytes tell old from new), and
+    /// allocation continues after its `alloc_seq`.
+    #[test]
+    fn a_used_slot_keeps_its_chunks_and_unsettles_its_overwrites() {
+        let mut ix = index();
+        let chunks = vec![chunk(1, 5, false), chunk(2, 5, true), chunk(3, 4, true), ChunkEntry::default()];
+        let st = slot_state(0, SlotRecord::Valid(used(9, 5, 41)), chunks.clone(), &mut ix);
+        assert!(ix.free.is_empty());
+        assert_eq!(ix.next_alloc_seq, 42);
+        assert_eq!(st.chunks, chunks);
+        assert!(st.unsettled.contains(1), "an overwrite of this generation");
+        assert!(!st.unsettled.contains(0) && !st.unsettled.contains(2), "a first write; an older generation");
+        assert_eq!(st.max_generation, 5);
+    }
+
+    /// A freed slot keeps its generation (and any higher one its chunks
+    /// hold) for its next tenant.
+    #[test]
+    fn a_freed_slot_keeps_its_generation() {
+        let mut ix = index();
+        let mut e = used(9, 5, 3);
+        e.used = false;
+        let st = slot_state(2, SlotRecord::Valid(e), vec![chunk(1, 6, false)], &mut ix);
+        assert_eq!(ix.free, vec![2]);
+        assert!(st.chunks.is_empty());
+        assert_eq!(st.max_generation, 6);
+        assert_eq!(ix.next_alloc_seq, 4);
+    }
+
+    /// Two used slots for one tract: the later allocation wins, whichever
+    /// slot it is in, and the other is freed.
+    #[test]
+    fn of_two_slots_holding_one_tract_the_later_allocation_wins() {
+        for (first_seq, second_seq, winner, loser) in [(1, 2, 1u32, 0u32), (2, 1, 0, 1)] {
+            let mut ix = index();
+            let mut states: Vec<SlotState> = [first_seq, second_seq]
+                .into_iter()
+                .enumerate()
+                .map(|(s, seq)| {
+                    slot_state(
+                        s as u32,
+                        SlotRecord::Valid(used(9, 1, seq)),
+                        vec![chunk(1, 1, false)],
+                        &mut ix,
+                    )
+                })
+                .collect();
+            free_duplicates(&mut states, &mut ix);
+            assert_eq!(ix.map.get(&(BlobId(9), TractNo(0))), Some(&winner));
+            assert_eq!(ix.free, vec![loser]);
+            assert!(!states[loser as usize].entry.used && states[loser as usize].chunks.is_empty());
+            assert!(states[winner as usize].entry.used);
+        }
+    }
+
+    /// Of the two positions records, the valid one with the higher
+    /// sequence number.
+    #[test]
+    fn the_newest_valid_positions_record_is_used() {
+        let (a, b) = (&b"one"[..], &b"two"[..]);
+        assert_eq!(newest_positions([None, None].into_iter()), (0, None));
+        assert_eq!(newest_positions([Some((4, a)), None].into_iter()), (4, Some(a.to_vec())));
+        assert_eq!(newest_positions([Some((4, a)), Some((5, b))].into_iter()), (5, Some(b.to_vec())));
+        assert_eq!(newest_positions([Some((6, a)), Some((5, b))].into_iter()), (6, Some(a.to_vec())));
+    }
+
+    /// Journal records apply in order over the chunk table; the dirty
+    /// range per slot covers every record of it.
+    #[test]
+    fn journal_records_apply_in_order() {
+        let rec = |seq, slot, first_chunk, entries: Vec<ChunkEntry>| Record {
+            seq,
+            slot,
+            first_chunk,
+            entries,
+            len: 0,
+        };
+        let (mut by_slot, dirty) = records_by_slot(vec![
+            rec(1, 0, 1, vec![chunk(10, 1, false), chunk(11, 1, false)]),
+            rec(2, 5, 0, vec![chunk(50, 1, false)]),
+            rec(3, 0, 2, vec![chunk(12, 1, true), chunk(13, 1, false)]),
+        ]);
+        assert_eq!(dirty.get(&0), Some(&(1, 4)));
+        assert_eq!(dirty.get(&5), Some(&(0, 1)));
+        let mut chunks = vec![ChunkEntry::default(); 3];
+        apply_records(&mut chunks, by_slot.remove(&0).unwrap_or_default());
+        // Chunk 3 is past this table's end: ignored.
+        assert_eq!(chunks, vec![ChunkEntry::default(), chunk(10, 1, false), chunk(12, 1, true)]);
     }
 }
