@@ -311,11 +311,6 @@ pub async fn serve_conn<P: Protocol>(
     sessions: Arc<Sessions>,
     grants: Arc<Grants>,
 ) {
-    let conn_id = grants.conn_id();
-    // Per request-to-send of this connection, the signal that its request
-    // has been read whole; dropped with the connection, which ends every
-    // grant it held.
-    let mut arrivals: std::collections::BTreeMap<u64, oneshot::Sender<()>> = Default::default();
     // Who the connection's TLS proved the peer to be (none when plain):
     // every request on it carries that to the service (`authz`).
     let authenticated = blizzard_env::peer_of(&*stream);
@@ -327,6 +322,8 @@ pub async fn serve_conn<P: Protocol>(
     let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
     let (tx, rx) = mpsc::channel::<Outgoing>(limits.inflight_requests_max.max(1));
     let writer = tokio::spawn(write_queued(wr, rx));
+    let replies = Replies::<P> { tx, protocol: std::marker::PhantomData };
+    let mut asks = ConnAsks::new(env.clone(), grants, limits.flow.queued_per_conn_max);
     let budget_bytes = limits.inflight_bytes_max.max(2 * FRAME_BYTES_MAX);
     let bytes = Arc::new(Semaphore::new(budget_bytes));
     let requests = Arc::new(Semaphore::new(limits.inflight_requests_max.max(1)));
@@ -341,87 +338,24 @@ pub async fn serve_conn<P: Protocol>(
             Ok(h) if h.kind == FrameKind::Request => h,
             Ok(h) if h.kind == FrameKind::Rts => {
                 // Bounded to FLOW_META_MAX by FrameHeader::decode.
-                let frame = match env.timeout(limits.frame_body_timeout, read_body(&mut rd, h)).await {
-                    Ok(Ok(f)) => f,
+                match env.timeout(limits.frame_body_timeout, read_body(&mut rd, h)).await {
+                    Ok(Ok(f)) => asks.ask(&h, &f.meta, &replies).await,
                     Ok(Err(ReadFrameError::BadMeta { request_id, opcode, error })) => {
-                        let _ = tx
-                            .send(error_frame::<P>(
-                                request_id,
-                                opcode,
-                                ErrorCode::BadFrame,
-                                error.to_string(),
-                            ))
-                            .await;
-                        continue;
+                        replies.error(request_id, opcode, ErrorCode::BadFrame, error.to_string()).await;
                     }
                     _ => break,
-                };
-                let (id, opcode) = (h.request_id, h.opcode);
-                let bytes = match decode_rts(&frame.meta) {
-                    Ok(b) => b as u64,
-                    Err(e) => {
-                        let _ = tx
-                            .send(error_frame::<P>(
-                                id,
-                                opcode,
-                                ErrorCode::BadRequest,
-                                format!("request-to-send: {e}"),
-                            ))
-                            .await;
-                        continue;
-                    }
-                };
-                let ask = Ask { conn: conn_id, id, bytes };
-                if arrivals.len() >= limits.flow.queued_per_conn_max {
-                    // Forget the asks whose grant ended unused (timed
-                    // out): their requests may never come.
-                    arrivals.retain(|_, done| !done.is_closed());
-                }
-                let refused = if arrivals.contains_key(&id) {
-                    Err(crate::flow::Refusal::Duplicate)
-                } else if arrivals.len() >= limits.flow.queued_per_conn_max {
-                    Err(crate::flow::Refusal::ConnQueueFull)
-                } else {
-                    grants.ask(ask)
-                };
-                match refused {
-                    Ok(granted) => {
-                        let (done, arrived) = oneshot::channel();
-                        arrivals.insert(id, done);
-                        tokio::spawn(hold_grant(
-                            env.clone(),
-                            grants.clone(),
-                            ask,
-                            opcode,
-                            granted,
-                            arrived,
-                            tx.clone(),
-                        ));
-                    }
-                    Err(r) => {
-                        // The request itself fails (`Busy`: retry after a
-                        // pause), as a full queue anywhere does.
-                        let _ = tx
-                            .send(error_frame::<P>(id, opcode, ErrorCode::Busy, r.message().to_string()))
-                            .await;
-                    }
                 }
                 continue;
             }
             Ok(h) => {
-                let _ = tx
-                    .send(error_frame::<P>(
-                        h.request_id,
-                        h.opcode,
-                        ErrorCode::BadFrame,
-                        "expected a request frame".into(),
-                    ))
+                replies
+                    .error(h.request_id, h.opcode, ErrorCode::BadFrame, "expected a request frame".into())
                     .await;
                 break;
             }
             Err(ReadFrameError::BadHeader(e)) => {
                 tracing::debug!(%peer, error = %e, "unframed input; closing");
-                let _ = tx.send(error_frame::<P>(0, 0, ErrorCode::BadFrame, e.to_string())).await;
+                replies.error(0, 0, ErrorCode::BadFrame, e.to_string()).await;
                 break;
             }
             Err(_) => break,
@@ -437,15 +371,11 @@ pub async fn serve_conn<P: Protocol>(
         let body = env.timeout(limits.frame_body_timeout, read_body(&mut rd, header)).await;
         // Its bytes have crossed the link (or never will): a grant it held
         // goes back to the window.
-        if let Some(done) = arrivals.remove(&header.request_id) {
-            let _ = done.send(());
-        }
+        asks.arrived(header.request_id);
         let frame = match body {
             Ok(Ok(f)) => f,
             Ok(Err(ReadFrameError::BadMeta { request_id, opcode, error })) => {
-                let _ = tx
-                    .send(error_frame::<P>(request_id, opcode, ErrorCode::BadFrame, error.to_string()))
-                    .await;
+                replies.error(request_id, opcode, ErrorCode::BadFrame, error.to_string()).await;
                 continue;
             }
             Ok(Err(_)) => break,
@@ -455,28 +385,10 @@ pub async fn serve_conn<P: Protocol>(
             }
         };
         let (id, opcode) = (header.request_id, header.opcode);
-        let req = match P::decode_request(opcode, &frame.meta) {
-            Some(Ok(r)) => r,
-            None => {
-                let _ = tx
-                    .send(error_frame::<P>(
-                        id,
-                        opcode,
-                        ErrorCode::UnknownOpcode,
-                        format!("unknown opcode {opcode:#06x}: the peer speaks another blizzard protocol (is the address right?)"),
-                    ))
-                    .await;
-                continue;
-            }
-            Some(Err(e)) => {
-                let _ = tx
-                    .send(error_frame::<P>(
-                        id,
-                        opcode,
-                        ErrorCode::BadRequest,
-                        format!("opcode {opcode:#06x}: {e}"),
-                    ))
-                    .await;
+        let req = match decode_request::<P>(opcode, &frame.meta) {
+            Ok(r) => r,
+            Err((code, message)) => {
+                replies.error(id, opcode, code, message).await;
                 continue;
             }
         };
@@ -485,7 +397,7 @@ pub async fn serve_conn<P: Protocol>(
         if let Some((s, epoch, reply)) = P::session_hello(&req) {
             sessions.hello(s, epoch);
             session = Some((s, epoch));
-            let _ = tx.send(reply_frame::<P>(id, opcode, &Ok(reply), Bytes::new())).await;
+            let _ = replies.tx.send(reply_frame::<P>(id, opcode, &Ok(reply), Bytes::new())).await;
             continue;
         }
         // A read's reply will hold its bytes; reserve them before running it.
@@ -493,7 +405,7 @@ pub async fn serve_conn<P: Protocol>(
         let Ok(reply_permit) = bytes.clone().acquire_many_owned(reply_bytes).await else {
             break;
         };
-        let tx = tx.clone();
+        let tx = replies.tx.clone();
         let service = service.clone();
         let caller = Caller::new(session, sessions.clone()).with_peer(authenticated.clone());
         tokio::spawn(async move {
@@ -502,8 +414,131 @@ pub async fn serve_conn<P: Protocol>(
             drop((req_permit, frame_permit, reply_permit));
         });
     }
-    drop(tx);
+    drop(replies);
     // Queued replies still go out; the writer ends when the last running
     // request drops its sender.
     let _ = writer.await;
+    // Then every grant this connection still held ends with its asks.
+    drop(asks);
+}
+
+/// A request's meta part decoded, or the error to answer it with: an
+/// opcode this protocol does not have, or a body that does not decode.
+fn decode_request<P: Protocol>(opcode: u16, meta: &[u8]) -> Result<P::Request, (ErrorCode, String)> {
+    match P::decode_request(opcode, meta) {
+        Some(Ok(r)) => Ok(r),
+        None => Err((
+            ErrorCode::UnknownOpcode,
+            format!("unknown opcode {opcode:#06x}: the peer speaks another blizzard protocol (is the address right?)"),
+        )),
+        Some(Err(e)) => Err((ErrorCode::BadRequest, format!("opcode {opcode:#06x}: {e}"))),
+    }
+}
+
+/// The sending side of one connection, as its reading loop uses it.
+struct Replies<P: Protocol> {
+    tx: mpsc::Sender<Outgoing>,
+    protocol: std::marker::PhantomData<fn() -> P>,
+}
+
+impl<P: Protocol> Replies<P> {
+    /// Answers request `id` with an error. A connection whose writer has
+    /// gone is ending anyway: the reading loop finds out on its next read.
+    async fn error(&self, id: u64, opcode: u16, code: ErrorCode, message: String) {
+        let _ = self.tx.send(error_frame::<P>(id, opcode, code, message)).await;
+    }
+}
+
+/// One connection's requests-to-send (`flow`): each is queued with the
+/// server's schedule, and its grant is held (by a task of its own,
+/// [`hold_grant`]) until its request has been read whole. Dropped with the
+/// connection, which ends every grant it held.
+struct ConnAsks {
+    env: Env,
+    grants: Arc<Grants>,
+    conn: u64,
+    /// Asks one connection may have waiting or granted at once.
+    queued_max: usize,
+    /// Per ask, the signal that its request has been read whole.
+    arrivals: std::collections::BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+impl ConnAsks {
+    fn new(env: Env, grants: Arc<Grants>, queued_max: usize) -> ConnAsks {
+        let conn = grants.conn_id();
+        ConnAsks { env, grants, conn, queued_max, arrivals: Default::default() }
+    }
+
+    /// A request-to-send (header `h`, meta `meta`): queued, or refused with
+    /// an error reply to the request it announces (`BadRequest` for a meta
+    /// that does not decode, `Busy` for a full queue: retry after a pause).
+    async fn ask<P: Protocol>(&mut self, h: &FrameHeader, meta: &[u8], replies: &Replies<P>) {
+        let (id, opcode) = (h.request_id, h.opcode);
+        let bytes = match decode_rts(meta) {
+            Ok(b) => b as u64,
+            Err(e) => {
+                replies.error(id, opcode, ErrorCode::BadRequest, format!("request-to-send: {e}")).await;
+                return;
+            }
+        };
+        let ask = Ask { conn: self.conn, id, bytes };
+        if self.arrivals.len() >= self.queued_max {
+            // Forget the asks whose grant ended unused (timed out): their
+            // requests may never come.
+            self.arrivals.retain(|_, done| !done.is_closed());
+        }
+        let granted = if self.arrivals.contains_key(&id) {
+            Err(crate::flow::Refusal::Duplicate)
+        } else if self.arrivals.len() >= self.queued_max {
+            Err(crate::flow::Refusal::ConnQueueFull)
+        } else {
+            self.grants.ask(ask)
+        };
+        match granted {
+            Ok(granted) => {
+                let (done, arrived) = oneshot::channel();
+                self.arrivals.insert(id, done);
+                tokio::spawn(hold_grant(
+                    self.env.clone(),
+                    self.grants.clone(),
+                    ask,
+                    opcode,
+                    granted,
+                    arrived,
+                    replies.tx.clone(),
+                ));
+            }
+            Err(r) => replies.error(id, opcode, ErrorCode::Busy, r.message().to_string()).await,
+        }
+    }
+
+    /// Request `id` has been read whole, or never will be: the grant it
+    /// held, if any, goes back to the window.
+    fn arrived(&mut self, id: u64) {
+        if let Some(done) = self.arrivals.remove(&id) {
+            let _ = done.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An opcode the protocol lacks and a body that does not decode get
+    /// different errors, each naming the opcode.
+    #[test]
+    fn undecodable_requests_get_the_error_that_says_why() {
+        let Err((code, message)) = decode_request::<Blob>(0xfffe, b"") else {
+            panic!("decoded opcode 0xfffe")
+        };
+        assert_eq!(code, ErrorCode::UnknownOpcode);
+        assert!(message.contains("0xfffe"), "{message}");
+        let op = blizzard_proto::Opcode::ReadTract as u16;
+        let Err((code, message)) = decode_request::<Blob>(op, b"\x01") else {
+            panic!("decoded a 1-byte read")
+        };
+        assert_eq!(code, ErrorCode::BadRequest);
+        assert!(message.contains(&format!("{op:#06x}")), "{message}");
+    }
 }
