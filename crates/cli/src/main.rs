@@ -266,6 +266,10 @@ fn init_logging() {
 fn main() -> std::process::ExitCode {
     init_logging();
     let cli = Cli::parse();
+    // Servers hold a descriptor per connection, pending ones included.
+    if let Some((before, after)) = blizzard_env::raise_fd_limit() {
+        tracing::debug!(before, after, "open descriptor limit");
+    }
     let threads = cli.threads.unwrap_or(match cli.cmd {
         Cmd::Up { .. } => 1,
         _ => 0,

@@ -7,12 +7,14 @@
 //! The traits return boxed futures so that one `Env` type serves both
 //! worlds without making every server generic.
 
+pub mod admission;
 mod group_commit;
 mod handover;
 mod local;
 mod model;
 mod peer;
 mod real;
+pub mod sync;
 mod zero_fill;
 
 use std::any::Any;
@@ -35,7 +37,8 @@ pub use handover::{
 pub use local::LocalNet;
 pub use model::DiskModel;
 pub use peer::{peer_of, Authenticated, Peer};
-pub use real::{RealClock, RealDisks, RealNet, RealRng};
+pub use real::{raise_fd_limit, RealClock, RealDisks, RealNet, RealRng};
+pub use sync::{lock, Flag};
 
 /// A byte stream to a peer: TCP, unix socket or simulated link. `Any`
 /// lets the real side find the socket under a stream ([`stream_fd`]) to

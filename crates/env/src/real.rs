@@ -619,6 +619,31 @@ fn check_range(offset: u64, len: u64, disk_len: u64) -> io::Result<()> {
     }
 }
 
+/// Raises this process's limit on open descriptors to the most it may
+/// have (the hard limit), as servers that hold many connections do (Go's
+/// runtime does it at start; systemd leaves the soft limit at 1,024 for
+/// `select`'s sake, which nothing here uses). A server at its limit
+/// cannot accept even a legitimate connection, and the limit is the
+/// cheapest bound an attacker who opens idle connections can reach
+/// (issue 56). Returns (before, after); `None` if the limits cannot be
+/// read.
+pub fn raise_fd_limit() -> Option<(u64, u64)> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    let soft = before.current?;
+    let Some(hard) = before.maximum else {
+        // No hard limit: nothing to raise to.
+        return Some((soft, soft));
+    };
+    if soft >= hard {
+        return Some((soft, soft));
+    }
+    match setrlimit(Resource::Nofile, Rlimit { current: Some(hard), maximum: Some(hard) }) {
+        Ok(()) => Some((soft, hard)),
+        Err(_) => Some((soft, soft)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -817,3 +842,4 @@ mod tests {
         Ok(())
     }
 }
+

@@ -3,7 +3,9 @@
 //! owns the numbers. Hand-written on purpose: one endpoint, one verb and a
 //! few dozen lines do not justify an HTTP stack; everything is bounded (the
 //! request head to 8 KiB, each connection to 5 s) and every connection is
-//! answered and closed.
+//! answered and closed. A connection whose request has not arrived is a
+//! pending one of the endpoint's `blizzard_env::admission` (issue 56):
+//! peers that connect and send nothing hold no place anyone waits for.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use blizzard_env::admission::{Admission, AdmissionLimits, Pending};
 use blizzard_env::{Env, Listener};
 
 /// Longest request head read before answering.
@@ -97,6 +100,7 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    let admission = Admission::new(AdmissionLimits::with_deadline(CLIENT_TIMEOUT));
     loop {
         let accepted = tokio::select! {
             biased;
@@ -105,38 +109,54 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
-                let (env, render) = (env.clone(), render.clone());
+                let (env, render, admission) = (env.clone(), render.clone(), admission.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = answer(&env, stream, &render).await {
+                    if let Err(e) = answer(&env, stream, &peer, &admission, &render).await {
                         tracing::debug!(%peer, error = %e, "metrics request failed");
                     }
                 });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "metrics endpoint cannot accept; pausing");
-                env.sleep(Duration::from_millis(100)).await;
+                if !admission.evict_one() {
+                    env.sleep(Duration::from_millis(100)).await;
+                }
             }
         }
     }
 }
 
-async fn answer(env: &Env, mut s: blizzard_env::BoxStream, render: &Render) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
+/// Reads a request head: up to the blank line, [`HEAD_MAX`] bytes or the
+/// end of the stream, whichever comes first.
+async fn read_head(s: &mut blizzard_env::BoxStream, pending: &Pending) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::new();
     let mut buf = [0u8; 1024];
-    let read_head = async {
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_MAX {
-            let n = s.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_MAX {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            break;
         }
-        Ok::<(), std::io::Error>(())
-    };
-    match env.timeout(CLIENT_TIMEOUT, read_head).await {
-        Ok(r) => r?,
-        Err(_) => return Ok(()),
+        pending.heard();
+        head.extend_from_slice(&buf[..n]);
     }
+    Ok(head)
+}
+
+async fn answer(
+    env: &Env,
+    mut s: blizzard_env::BoxStream,
+    peer: &str,
+    admission: &Arc<Admission>,
+    render: &Render,
+) -> std::io::Result<()> {
+    let pending = admission.admit(peer);
+    let head = pending.run(&*env.clock, read_head(&mut s, &pending)).await;
+    drop(pending);
+    let head = match head {
+        Ok(r) => r?,
+        // Silent past the deadline, or pushed out by newer connections.
+        Err(_) => return Ok(()),
+    };
     let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();

@@ -249,12 +249,48 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
         Ok(access::check(&list, self.client))
     }
 
-    fn denied(&self, name: &str) -> String {
-        match self.client {
-            Some(c) => format!("client {c:?} may not use export {name:?} (its access list leaves it out)"),
-            None => format!(
-                "export {name:?} is open only to clients with a certificate its access list names: connect over TLS with one"
-            ),
+    /// What a client is told of an export it may not have: the same
+    /// words for a volume whose access list leaves it out as for a name
+    /// no volume has, so that guessed names cannot be confirmed (issue
+    /// 56). The server's log says which it was.
+    fn unavailable(name: &str) -> String {
+        format!(
+            "no export {name:?} for this client: no such volume, or its access list does not name this client's certificate (NBD_OPT_LIST, e.g. `nbdinfo --list`, shows the exports it may use)"
+        )
+    }
+
+    /// Whether this client may have export `name`, and read-only if so;
+    /// `Err` with the refusal to send: [`Haggle::unavailable`] for a name
+    /// the client may not have or no volume has, the reason for an access
+    /// list that cannot be read now (refused then: an unread list grants
+    /// nothing).
+    async fn admit(&mut self, name: &str) -> Result<bool, (u32, String)> {
+        match self.access(name).await {
+            Ok(Access::Denied) => {
+                self.shared.guard.count(Checked::AccessDenied);
+                warn!(peer = %self.peer, client = ?self.client, export = %name, "NBD client refused by the export's access list");
+                Err((NBD_REP_ERR_UNKNOWN, Self::unavailable(name)))
+            }
+            Ok(a) => Ok(a == Access::ReadOnly),
+            Err(VolumeError::NotFound(_)) => Err((NBD_REP_ERR_UNKNOWN, Self::unavailable(name))),
+            Err(e) => {
+                warn!(peer = %self.peer, export = %name, error = %e, "cannot read the access list of a volume");
+                Err((NBD_REP_ERR_UNKNOWN, format!("export {name:?} cannot be opened now: {e}")))
+            }
+        }
+    }
+
+    /// The volume `name` names, opened, for a client its access list
+    /// admitted; `Err` with the refusal as [`Haggle::admit`] gives it.
+    async fn open(&mut self, name: &str) -> Result<Arc<Volume>, String> {
+        match self.shared.registry.get(name).await {
+            Ok(v) => Ok(v),
+            // Gone since its list was read.
+            Err(VolumeError::NotFound(_)) => Err(Self::unavailable(name)),
+            Err(e) => {
+                warn!(peer = %self.peer, export = %name, error = %e, "cannot open volume");
+                Err(e.to_string())
+            }
         }
     }
 
@@ -269,31 +305,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
             self.error(option, NBD_REP_ERR_UNKNOWN, "this server has no default export; name one").await?;
             return Ok(None);
         };
-        let acl_read_only = match self.access(&resolved).await {
-            Ok(Access::Denied) => {
-                self.shared.guard.count(Checked::AccessDenied);
-                warn!(peer = %self.peer, client = ?self.client, export = %resolved, "NBD client refused by the export's access list");
-                let msg = self.denied(&resolved);
-                self.error(option, NBD_REP_ERR_POLICY, &msg).await?;
+        let acl_read_only = match self.admit(&resolved).await {
+            Ok(ro) => ro,
+            Err((code, msg)) => {
+                self.error(option, code, &msg).await?;
                 return Ok(None);
             }
-            Ok(a) => a == Access::ReadOnly,
-            // Unknown or unreadable: opening says which, below.
-            Err(_) => false,
         };
-        match self.shared.registry.get(&resolved).await {
+        // "The requested export is not available" covers both a missing
+        // volume and one that cannot be opened now; the message tells
+        // which, to a client the list admits.
+        match self.open(&resolved).await {
             Ok(v) => {
                 let ro = acl_read_only || v.is_read_only();
                 Ok(Some((resolved, v, ro)))
             }
-            Err(e) => {
-                if !matches!(e, VolumeError::NotFound(_)) {
-                    warn!(peer = %self.peer, export = %resolved, error = %e, "cannot open volume");
-                }
-                // "The requested export is not available" covers both a
-                // missing volume and one that cannot be opened now; the
-                // message tells which.
-                self.error(option, NBD_REP_ERR_UNKNOWN, &e.to_string()).await?;
+            Err(msg) => {
+                self.error(option, NBD_REP_ERR_UNKNOWN, &msg).await?;
                 Ok(None)
             }
         }
@@ -318,17 +346,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 };
                 // No error reply exists for EXPORT_NAME: a refusal ends
                 // the connection.
-                let acl_read_only = match self.access(&resolved).await {
-                    Ok(Access::Denied) => {
-                        self.shared.guard.count(Checked::AccessDenied);
-                        return Err(ConnError::Export { reason: self.denied(&resolved), name: resolved });
-                    }
-                    Ok(a) => a == Access::ReadOnly,
-                    Err(_) => false,
+                let acl_read_only = match self.admit(&resolved).await {
+                    Ok(ro) => ro,
+                    Err((_, reason)) => return Err(ConnError::Export { name: resolved, reason }),
                 };
-                let volume = match self.shared.registry.get(&resolved).await {
+                let volume = match self.open(&resolved).await {
                     Ok(v) => v,
-                    Err(e) => return Err(ConnError::Export { name: resolved, reason: e.to_string() }),
+                    Err(reason) => return Err(ConnError::Export { name: resolved, reason }),
                 };
                 let read_only = acl_read_only || volume.is_read_only();
                 let session = self.session(&resolved, &volume);

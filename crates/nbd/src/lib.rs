@@ -54,6 +54,11 @@ pub struct NbdConfig {
     /// is disconnected (slow or silent peers, oldstyle clients waiting for
     /// a greeting this server never sends).
     pub handshake_timeout: Duration,
+    /// How long a whole negotiation may take, from the connection's
+    /// arrival to the export being served (TLS included). Negotiating
+    /// connections wait for no place: when too many are pending, the
+    /// oldest silent one is dropped (`blizzard_env::admission`).
+    pub negotiation_timeout: Duration,
     /// Requests one connection may have in flight; the reader stops reading
     /// the socket until one completes.
     pub requests_in_flight_max: usize,
@@ -64,7 +69,9 @@ pub struct NbdConfig {
     /// reading its replies cannot starve the others; at least
     /// [`proto::PAYLOAD_MAX`].
     pub connection_buffered_bytes_max: usize,
-    /// Connections served at once; more are accepted and closed.
+    /// Connections in the transmission phase at once; more are accepted
+    /// and closed. (Negotiating ones are bounded apart, and never hold
+    /// one of these places.)
     pub connections_max: usize,
     /// How long [`Server::shutdown`] waits for connections to finish their
     /// in-flight requests before dropping them.
@@ -82,6 +89,7 @@ impl Default for NbdConfig {
         NbdConfig {
             default_export: None,
             handshake_timeout: Duration::from_secs(10),
+            negotiation_timeout: Duration::from_secs(30),
             requests_in_flight_max: 128,
             buffered_bytes_max: 512 << 20,
             connection_buffered_bytes_max: 64 << 20,

@@ -15,15 +15,16 @@
 //! hand-over, which gives them back if it fails: then every parked
 //! connection resumes here (`resume`), as it would in the successor.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::{debug, error, info, warn};
 
-use blizzard_env::{BoxStream, Env, Listener};
+use blizzard_env::admission::{Admission, AdmissionLimits, Pending};
+use blizzard_env::{BoxStream, Env, Flag, Listener};
 use blizzard_volume::{Volume, VolumeError};
 
 use crate::exports::{Exports, Registry};
@@ -33,74 +34,44 @@ use crate::tls::TlsState;
 use crate::transmission::Served;
 use crate::{handshake, metrics, proto, tls, transmission, upgrade, NbdConfig, NbdError};
 
-/// A one-way signal: once triggered, every current and future waiter
-/// returns. (tokio's watch channel is banned for the simulator; Notify
-/// with a flag does the same.)
-#[derive(Default)]
-pub(crate) struct Signal {
-    set: AtomicBool,
-    notify: Notify,
-}
-
-impl Signal {
-    pub(crate) fn trigger(&self) {
-        self.set.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-
-    /// Clears the signal (a hand-over that failed un-pauses the server);
-    /// waiters that already returned are not called back.
-    pub(crate) fn reset(&self) {
-        self.set.store(false, Ordering::SeqCst);
-    }
-
-    pub(crate) fn is_set(&self) -> bool {
-        self.set.load(Ordering::SeqCst)
-    }
-
-    pub(crate) async fn wait(&self) {
-        loop {
-            let n = self.notify.notified();
-            tokio::pin!(n);
-            // Register before checking the flag, so a trigger in between
-            // is not missed.
-            n.as_mut().enable();
-            if self.is_set() {
-                return;
-            }
-            n.await;
-        }
-    }
-}
-
 /// What every connection of a server shares.
 pub(crate) struct Shared {
     pub(crate) env: Env,
     pub(crate) cfg: NbdConfig,
     pub(crate) registry: Registry,
-    pub(crate) shutdown: Signal,
+    pub(crate) shutdown: Flag,
     /// Set while a hand-over quiesces the server: readers stop at their
     /// next request boundary and their connections park.
-    pub(crate) pause: Signal,
+    pub(crate) pause: Flag,
     /// Set once a successor has taken every connection over.
-    pub(crate) handed_over: Signal,
+    pub(crate) handed_over: Flag,
     /// Server-wide budget of buffered payload bytes (one permit per byte).
     pub(crate) budget: Arc<Semaphore>,
     /// TLS handshakes and refusals, for `/metrics`.
     pub(crate) guard: metrics::Guard,
+    /// Connections still negotiating (`blizzard_env::admission`): none
+    /// waits for another, and when too many are pending the oldest silent
+    /// one is dropped for the newest.
+    pub(crate) admission: Arc<Admission>,
+    /// Connections in the transmission phase (bounded by
+    /// `connections_max`; negotiating ones are the admission's).
+    pub(crate) transmitting: AtomicUsize,
 }
 
 impl Shared {
     pub(crate) fn new(env: Env, exports: Arc<dyn Exports>, cfg: NbdConfig) -> Arc<Shared> {
+        let admission = Admission::new(AdmissionLimits::with_deadline(cfg.negotiation_timeout));
         Arc::new(Shared {
             env,
             budget: Arc::new(Semaphore::new(cfg.buffered_bytes_max)),
             cfg,
             registry: Registry::new(exports),
-            shutdown: Signal::default(),
-            pause: Signal::default(),
-            handed_over: Signal::default(),
+            shutdown: Flag::new(),
+            pause: Flag::new(),
+            handed_over: Flag::new(),
             guard: metrics::Guard::default(),
+            admission,
+            transmitting: AtomicUsize::new(0),
         })
     }
 }
@@ -237,7 +208,7 @@ impl Server {
     /// releases its lease. Returns
     /// the first flush error; every volume is flushed regardless.
     pub async fn shutdown(mut self) -> Result<(), NbdError> {
-        self.shared.shutdown.trigger();
+        self.shared.shutdown.set();
         if let Some(a) = self.accept.take() {
             if let Err(e) = a.await {
                 warn!(error = %e, "NBD accept loop ended abnormally");
@@ -267,7 +238,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         // Dropped without `shutdown`: still stop accepting and let the
         // connections wind down, so nothing keeps serving in the background.
-        self.shared.shutdown.trigger();
+        self.shared.shutdown.set();
     }
 }
 
@@ -346,7 +317,7 @@ async fn accept_loop(
             Event::Stop => break,
             Event::Joined(done) => joined(done, &mut conns, &shared),
             Event::Accepted(Ok((stream, peer))) => {
-                if conns.len() >= shared.cfg.connections_max {
+                if shared.transmitting.load(Ordering::Relaxed) >= shared.cfg.connections_max {
                     warn!(%peer, max = shared.cfg.connections_max, "too many NBD connections; closing");
                     drop(stream);
                     continue;
@@ -439,7 +410,7 @@ fn resume_all(parked: Vec<Parked>, conns: &mut Conns, shared: &Arc<Shared>) {
 /// `shutdown_grace`, gives up: every connection serves on, and the reason
 /// is returned.
 async fn quiesce(conns: &mut Conns, shared: &Arc<Shared>) -> Result<Vec<Parked>, String> {
-    shared.pause.trigger();
+    shared.pause.set();
     let busy = conns.len();
     info!(connections = busy, "quiescing for a hand-over: no new connections, each stops at a request boundary once its requests in flight are answered");
     let mut parked = Vec::new();
@@ -472,7 +443,19 @@ async fn quiesce(conns: &mut Conns, shared: &Arc<Shared>) -> Result<Vec<Parked>,
 
 async fn connection(stream: BoxStream, peer: String, shared: Arc<Shared>) -> Option<Parked> {
     debug!(%peer, "NBD connection");
-    match negotiate(stream, &peer, &shared).await {
+    // Pending until the negotiation ends: it then holds a place of its own
+    // (`transmitting`), or none.
+    let pending = shared.admission.admit(&peer);
+    let negotiated = pending.run(&*shared.env.clock, negotiate(stream, &peer, &shared, &pending)).await;
+    drop(pending);
+    let negotiated = match negotiated {
+        Ok(n) => n,
+        Err(why) => {
+            debug!(%peer, "NBD negotiation {why}");
+            return None;
+        }
+    };
+    match negotiated {
         Ok(Some((stream, leftover, negotiated, tls))) => {
             debug!(%peer, export = %negotiated.name, structured = negotiated.session.structured, tls, "NBD transmission");
             transmit(stream, leftover, negotiated, tls, peer, shared).await
@@ -496,9 +479,12 @@ async fn negotiate(
     stream: BoxStream,
     peer: &str,
     shared: &Shared,
+    pending: &Pending,
 ) -> Result<Option<(BoxStream, Vec<u8>, Negotiated, bool)>, ConnError> {
-    let mut stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, stream);
+    let mut stream = tokio::io::BufReader::with_capacity(NEGOTIATION_READ_BUF, stream);
     let no_zeroes = handshake::greet(&mut stream, shared, peer).await?;
+    // The client spoke (its flags): it is dropped only after every silent one.
+    pending.heard();
     let mut state = TlsState::of(shared.cfg.tls.as_ref());
     // The name a verified client certificate gives (access lists name it).
     let mut client: Option<String> = None;
@@ -535,10 +521,32 @@ async fn negotiate(
                     .filter(|id| id.role.is_none_or(|r| r == blizzard_tls::Role::Client))
                     .map(|id| id.name)
                     .filter(|n| !n.is_empty());
-                stream = tokio::io::BufReader::with_capacity(transmission::READ_BUF_LEN, inner);
+                stream = tokio::io::BufReader::with_capacity(NEGOTIATION_READ_BUF, inner);
                 state.active = true;
             }
         }
+    }
+}
+
+/// What a negotiating connection buffers of its client's bytes: options
+/// are small, and the transmission phase has a buffer of its own
+/// (`transmission::READ_BUF_LEN`), so a peer that connects and stalls
+/// costs little.
+const NEGOTIATION_READ_BUF: usize = 4096;
+
+/// One connection in the transmission phase, counted while it lasts.
+struct Transmitting<'a>(&'a Shared);
+
+impl<'a> Transmitting<'a> {
+    fn new(shared: &'a Shared) -> Transmitting<'a> {
+        shared.transmitting.fetch_add(1, Ordering::Relaxed);
+        Transmitting(shared)
+    }
+}
+
+impl Drop for Transmitting<'_> {
+    fn drop(&mut self) {
+        self.0.transmitting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -551,7 +559,10 @@ async fn transmit(
     peer: String,
     shared: Arc<Shared>,
 ) -> Option<Parked> {
-    match transmission::serve(stream, leftover, &n, shared, &peer).await {
+    let counted = Transmitting::new(&shared);
+    let served = transmission::serve(stream, leftover, &n, shared.clone(), &peer).await;
+    drop(counted);
+    match served {
         Ok(Served::Closed) => {
             debug!(%peer, "NBD connection closed");
             None

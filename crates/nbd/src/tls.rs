@@ -96,12 +96,15 @@ pub(crate) async fn accept(
     let s = tokio::select! {
         biased;
         _ = shared.shutdown.wait() => return Err(ConnError::Shutdown),
-        r = shared.env.timeout(t, acceptor.accept(blizzard_tls::transport(stream))) => match r {
+        r = shared.env.timeout(t, acceptor.accept(blizzard_tls::Transport::new(stream))) => match r {
             Err(_) => return failed(format!("TLS handshake not done within {t:?}")),
             Ok(Err(e)) => return failed(format!("TLS handshake failed: {e}")),
             Ok(Ok(s)) => s,
         },
     };
+    let mut s = s;
+    // Up: the session's reads are buffered from here on.
+    s.get_mut().0.buffer(blizzard_tls::TRANSPORT_READ_BUFFER);
     shared.guard.count(Checked::TlsOk);
     let conn = s.get_ref().1;
     tracing::debug!(version = ?conn.protocol_version(), suite = ?conn.negotiated_cipher_suite().map(|c| c.suite()), "TLS handshake done");

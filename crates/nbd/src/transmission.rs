@@ -40,7 +40,8 @@ use blizzard_volume::{AllocExtent, Allocation, ErrorKind, Volume, VolumeError};
 
 use crate::handshake::Negotiated;
 use crate::proto::*;
-use crate::server::{ConnError, Shared, Signal};
+use crate::server::{ConnError, Shared};
+use blizzard_env::Flag;
 
 /// Read buffer: many small request headers per system call.
 pub(crate) const READ_BUF_LEN: usize = 64 << 10;
@@ -275,12 +276,12 @@ pub(crate) async fn serve(
     let mut rd = BufReader::with_capacity(READ_BUF_LEN, std::io::Cursor::new(leftover).chain(rd));
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     // Tells the reader that the writer can no longer reach the client.
-    let writer_failed = Signal::default();
+    let writer_failed = Flag::new();
     let reader = read_requests(&mut rd, tx, n, &shared, &writer_failed, peer);
     let writer = async {
         let r = write_replies(BufWriter::with_capacity(WRITE_BUF_LEN, wr), rx).await;
         if r.is_err() {
-            writer_failed.trigger();
+            writer_failed.set();
         }
         r
     };
@@ -383,7 +384,7 @@ async fn read_requests<R: AsyncBufReadExt + Unpin>(
     tx: mpsc::UnboundedSender<Reply>,
     n: &Negotiated,
     shared: &Arc<Shared>,
-    writer_failed: &Signal,
+    writer_failed: &Flag,
     peer: &str,
 ) -> Result<Ended, ConnError> {
     let in_flight = Arc::new(Semaphore::new(shared.cfg.requests_in_flight_max));

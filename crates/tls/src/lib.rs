@@ -11,6 +11,8 @@
 //! - `identity`: what a peer's certificate says it is (its name, its role).
 //! - `net`: the cluster's own connections as mutual TLS, at the env seam
 //!   (`TlsNet` wraps a process's `Net`).
+//! - `transport`: what a TLS session reads its socket through (unbuffered
+//!   until the handshake is done).
 //!
 //! Cryptography is ring's, passed to every configuration explicitly (no
 //! process-wide provider is assumed).
@@ -19,11 +21,13 @@ mod ca;
 mod identity;
 mod load;
 mod net;
+mod transport;
 
 pub use ca::{ensure_up_credentials, init_ca, issue, Issue, Role, UpCredentials};
 pub use identity::{PeerIdentity, ROLE_PREFIX};
 pub use load::{client_config, server_config, server_name};
-pub use net::{ClusterTls, TlsNet, HANDSHAKES_MAX, HANDSHAKE_TIMEOUT};
+pub use net::{ClusterTls, TlsNet, HANDSHAKE_TIMEOUT};
+pub use transport::{Transport, TRANSPORT_READ_BUFFER};
 
 #[cfg(test)]
 mod net_tests;
@@ -39,22 +43,6 @@ pub const SERVER_CERT: &str = "server-cert.pem";
 pub const SERVER_KEY: &str = "server-key.pem";
 pub const CLIENT_CERT: &str = "client-cert.pem";
 pub const CLIENT_KEY: &str = "client-key.pem";
-
-/// Bytes a TLS session's transport reads from the socket at once. rustls
-/// asks its transport for at most 4 KiB at a time (its deframer's read
-/// size), so with the socket right below it a 1 MiB transfer costs 256
-/// `read` system calls; a buffer of this size below it makes that 8, for
-/// one more copy of each byte within user space.
-pub const TRANSPORT_READ_BUFFER: usize = 128 << 10;
-
-/// `stream` with [`TRANSPORT_READ_BUFFER`] below a TLS session: what
-/// `TlsConnector::connect` and `TlsAcceptor::accept` are given. Writes
-/// pass straight through (rustls hands over whole records).
-pub fn transport<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    stream: S,
-) -> tokio::io::BufReader<S> {
-    tokio::io::BufReader::with_capacity(TRANSPORT_READ_BUFFER, stream)
-}
 
 /// A certificate directory that cannot be used, said in one line: which
 /// file, what is wrong with it, what to do.

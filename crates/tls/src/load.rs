@@ -56,7 +56,15 @@ pub fn server_config(dir: &Path, verify_peer: bool, now: SystemTime) -> Result<A
     let builder = match roots {
         Some(roots) => {
             let store = root_store(&ca_path, roots)?;
-            let v = WebPkiClientVerifier::builder_with_provider(Arc::new(store), p);
+            // No CA names in the certificate request: a client that picks
+            // its certificate by the names a server asks for (GnuTLS:
+            // libnbd, qemu) would otherwise send none when its CA is
+            // another one, and be served as anonymous instead of refused.
+            // Asked for nothing in particular, it sends what it has, and
+            // a certificate that does not chain to the CA is refused
+            // (issue 56).
+            let v =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(store), p).clear_root_hint_subjects();
             let v = if verify_peer { v } else { v.allow_unauthenticated() };
             let v = v.build().map_err(|e| TlsError::new(format!("{}: {e}", ca_path.display())))?;
             builder.with_client_cert_verifier(v)

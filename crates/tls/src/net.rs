@@ -11,12 +11,15 @@
 //! |---|---|---|
 //! | dial | the server's certificate chains to the CA, is a server certificate, names the host dialled (a unix socket: any name) | the dial fails, naming the address and what to check |
 //! | accept | the peer presents a client-usable certificate chaining to the CA | the connection is dropped; the accept loop carries on |
-//! | accept | the handshake ends within `handshake_timeout` | as above: a stalled or silent peer holds one task, not the listener |
+//! | accept | the handshake ends within [`HANDSHAKE_TIMEOUT`] | as above |
 //!
-//! Handshakes on the accepting side each run in a task of their own, so a
-//! peer that stalls or sends garbage never holds up the next connection;
-//! at most [`HANDSHAKES_MAX`] run at once (more wait in the kernel's
-//! backlog).
+//! Handshakes on the accepting side each run in a task of their own, as
+//! pending connections of the listener's [`Admission`] (issue 56): none
+//! waits for another, a connection costs a task and its socket until its
+//! first byte arrives (no TLS state, no buffer), and when too many are
+//! pending the oldest is dropped to make room for the newest, so peers
+//! that connect and stall, trickle bytes or vanish can delay nobody. A
+//! finished session gets its read buffer only then ([`Transport`]).
 //!
 //! The simulator and in-process pipes (`LocalNet` above this net) carry
 //! no TLS: a server cannot tell and need not.
@@ -32,19 +35,29 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, ServerConfig, SignatureScheme};
-use tokio::sync::{mpsc, Mutex, Semaphore};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, Mutex};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use blizzard_env::admission::{Admission, AdmissionCounts, AdmissionLimits, Pending};
 use blizzard_env::{Authenticated, BoxStream, Clock, Listener, Net, Peer};
 
 use crate::load::{certs, check_chain, check_dir, check_validity, key, root_store};
+use crate::transport::{Transport, TRANSPORT_READ_BUFFER};
 use crate::{provider, PeerIdentity, TlsError, CA_CERT, CLIENT_CERT, CLIENT_KEY, SERVER_CERT, SERVER_KEY};
 
-/// Handshakes a listener runs at once.
-pub const HANDSHAKES_MAX: usize = 64;
+/// How long a peer has to finish its TLS handshake, either way, counted
+/// on the accepting side from the connection's arrival. A handshake takes
+/// a few milliseconds; the bound only decides how long a stalled peer
+/// holds its place.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How long a peer has to finish its TLS handshake, either way.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections a listener holds before their handshake is done (module
+/// header; `blizzard_env::admission`).
+pub const ADMISSION: AdmissionLimits = AdmissionLimits::with_deadline(HANDSHAKE_TIMEOUT);
+
+/// How often a listener logs the handshakes it gave up on (at most).
+const DROPPED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A process's credentials for the cluster, read from one certificate
 /// directory: `ca-cert.pem`, and either `server-cert.pem`/`server-key.pem`
@@ -221,8 +234,8 @@ impl Net for TlsNet {
             let name = ServerName::try_from(name)
                 .map_err(|e| failed(format!("{addr}: not a host name a certificate can name: {e}")))?;
             let stream = dial.await?;
-            let handshake = TlsConnector::from(cfg).connect(name, crate::transport(stream));
-            let s = tokio::select! {
+            let handshake = TlsConnector::from(cfg).connect(name, Transport::new(stream));
+            let mut s = tokio::select! {
                 biased;
                 r = handshake => r.map_err(|e| failed(format!(
                     "TLS with {addr} failed: {e} (is it a blizzard server started with --tls-certificates from this cluster's CA, whose certificate names this host?)"
@@ -231,6 +244,7 @@ impl Net for TlsNet {
                     return Err(failed(format!("TLS with {addr}: no handshake within {HANDSHAKE_TIMEOUT:?} (is it a blizzard server started with --tls-certificates?)")));
                 }
             };
+            s.get_mut().0.buffer(TRANSPORT_READ_BUFFER);
             let peer = peer(s.get_ref().1.peer_certificates()).unwrap_or(Peer { name: String::new(), role: String::new() });
             Ok(Box::new(Authenticated::new(Box::new(s), peer)) as BoxStream)
         }
@@ -253,8 +267,9 @@ impl Net for TlsNet {
         async move {
             let inner: Arc<dyn Listener> = Arc::from(bound.await?);
             let local = inner.local_addr();
-            let (tx, rx) = mpsc::channel(HANDSHAKES_MAX);
-            let task = tokio::spawn(accept_loop(inner, TlsAcceptor::from(cfg), clock, tx));
+            let (tx, rx) = mpsc::channel(64);
+            let admission = Admission::new(ADMISSION);
+            let task = tokio::spawn(accept_loop(inner, TlsAcceptor::from(cfg), clock, tx, admission));
             Ok(Box::new(TlsListener { local, accepted: Mutex::new(rx), task }) as Box<dyn Listener>)
         }
         .boxed()
@@ -284,41 +299,45 @@ fn host_of(addr: &str) -> &str {
 
 type Accepted = io::Result<(BoxStream, String)>;
 
-/// Accepts on `inner` and runs each handshake in a task of its own; the
-/// ones that succeed go to `tx`. Ends when the listener is dropped.
+/// Accepts on `inner` and runs each handshake in a task of its own, as a
+/// pending connection of `admission`; the ones that succeed go to `tx`.
+/// Ends when the listener is dropped.
 async fn accept_loop(
     inner: Arc<dyn Listener>,
     acceptor: TlsAcceptor,
     clock: Arc<dyn Clock>,
     tx: mpsc::Sender<Accepted>,
+    admission: Arc<Admission>,
 ) {
-    let running = Arc::new(Semaphore::new(HANDSHAKES_MAX));
+    let mut logged = (clock.now(), admission.counts());
     loop {
-        let Ok(permit) = running.clone().acquire_owned().await else { return };
         let (stream, addr) = match inner.accept().await {
             Ok(a) => a,
             Err(e) => {
-                // Out of descriptors and the like: the server logs and pauses.
-                if tx.send(Err(e)).await.is_err() {
-                    return;
+                // Out of descriptors and the like: the oldest pending
+                // handshake gives its up, else pause instead of spinning.
+                tracing::warn!(error = %e, "cluster listener cannot accept");
+                if !admission.evict_one() {
+                    clock.sleep(Duration::from_millis(50)).await;
                 }
                 continue;
             }
         };
-        let (acceptor, clock, tx) = (acceptor.clone(), clock.clone(), tx.clone());
+        let (acceptor, tx, admission2, clock2) =
+            (acceptor.clone(), tx.clone(), admission.clone(), clock.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let s = tokio::select! {
-                biased;
-                r = acceptor.accept(crate::transport(stream)) => match r {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(peer = %addr, error = %e, "cluster connection refused: TLS handshake failed (a peer without a certificate from this cluster's CA?)");
-                        return;
-                    }
-                },
-                _ = clock.sleep(HANDSHAKE_TIMEOUT) => {
-                    tracing::warn!(peer = %addr, "cluster connection dropped: no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
+            let pending = admission2.admit(&addr);
+            let s = match pending.run(&*clock2, handshake(stream, &acceptor, &pending)).await {
+                Ok(Ok(Some(s))) => s,
+                // Closed before sending anything: a port scan, a health check.
+                Ok(Ok(None)) => return,
+                Ok(Err(e)) => {
+                    tracing::warn!(peer = %addr, error = %e, "cluster connection refused: TLS handshake failed (a peer without a certificate from this cluster's CA?)");
+                    return;
+                }
+                // Counted; logged in sum by the accept loop.
+                Err(why) => {
+                    tracing::debug!(peer = %addr, "cluster connection dropped: TLS handshake {why}");
                     return;
                 }
             };
@@ -329,7 +348,51 @@ async fn accept_loop(
             tracing::debug!(peer = %addr, %peer, "cluster connection authenticated");
             let _ = tx.send(Ok((Box::new(Authenticated::new(Box::new(s), peer)) as BoxStream, addr))).await;
         });
+        logged = log_dropped(&*clock, &admission, logged);
     }
+}
+
+/// The server side of one handshake: waits for the peer's first byte
+/// before it spends anything on the connection, then runs TLS. `None`:
+/// the peer closed without sending anything.
+async fn handshake(
+    mut stream: BoxStream,
+    acceptor: &TlsAcceptor,
+    pending: &Pending,
+) -> io::Result<Option<tokio_rustls::server::TlsStream<Transport<BoxStream>>>> {
+    let mut first = [0u8; 1];
+    if stream.read(&mut first).await? == 0 {
+        return Ok(None);
+    }
+    pending.heard();
+    let mut s = acceptor.accept(Transport::with_prefix(stream, &first)).await?;
+    s.get_mut().0.buffer(TRANSPORT_READ_BUFFER);
+    Ok(Some(s))
+}
+
+/// Logs, at most every [`DROPPED_LOG_EVERY`], how many handshakes were
+/// given up since the last line (one line, not one per attacker's
+/// connection); returns what to compare with next.
+fn log_dropped(
+    clock: &dyn Clock,
+    admission: &Admission,
+    last: (blizzard_env::Instant, AdmissionCounts),
+) -> (blizzard_env::Instant, AdmissionCounts) {
+    let now = clock.now();
+    if now.duration_since(last.0) < DROPPED_LOG_EVERY {
+        return last;
+    }
+    let c = admission.counts();
+    let (evicted, timed_out) = (c.evicted - last.1.evicted, c.timed_out - last.1.timed_out);
+    if evicted + timed_out > 0 {
+        tracing::warn!(
+            evicted,
+            timed_out,
+            pending = c.pending,
+            "cluster connections dropped unfinished since the last report: evicted ones made room for newer connections, timed-out ones did not finish their TLS handshake within {HANDSHAKE_TIMEOUT:?} (peers that stall cannot delay the others; if these are your own processes, check their certificates and the network)"
+        );
+    }
+    (now, c)
 }
 
 struct TlsListener {

@@ -18,10 +18,7 @@ pub struct ConnCache {
 
 impl ConnCache {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, RpcConn>> {
-        match self.conns.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        blizzard_env::lock(&self.conns)
     }
 
     /// The open connection to `addr`, or a new one. Two callers that find

@@ -157,7 +157,14 @@ impl MetaService {
                         return res.map(|(r, d)| (r, d, addr.clone()));
                     }
                     Next::Elsewhere => {
-                        if !matches!(res, Err(RpcError::Remote { .. })) {
+                        // A broken connection is dialled again next time; one
+                        // that only did not answer in time is kept: the
+                        // traffic that keeps the cluster alive (heartbeats,
+                        // lease renewals) then never waits on a new
+                        // connection, whatever is queued at the replica's
+                        // port (issue 56). A dead peer's connection breaks
+                        // on its own once the peer is back (a reset).
+                        if matches!(res, Err(RpcError::Connect { .. } | RpcError::ConnectionLost(_))) {
                             self.conns.forget(addr);
                         }
                         last = res.err();

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use blizzard_core::crc::crc32c;
 use blizzard_core::limits::{FRAME_DATA_MAX, FRAME_META_MAX};
-use blizzard_env::{BoxStream, Env, Listener};
+use blizzard_env::{BoxStream, Env, Flag, Listener};
 use blizzard_proto::{decode_rts, ErrorCode, ErrorReply, FrameHeader, FrameKind};
 
 use crate::flow::{Ask, FlowLimits, Grants, Held};
@@ -83,29 +83,19 @@ const FRAME_BYTES_MAX: usize = FRAME_META_MAX as usize + FRAME_DATA_MAX as usize
 const _: () = assert!(FRAME_BYTES_MAX < u32::MAX as usize / 2);
 
 /// Tells servers to stop. Dropping the handle also stops them.
-///
-/// Built on `Notify` rather than a `watch` channel: a watch wakes its
-/// receivers in an order drawn from an unseeded thread-local random number,
-/// which would break the simulator's exact replay.
-pub struct ShutdownHandle(Arc<ShutdownState>);
-
-struct ShutdownState {
-    triggered: std::sync::atomic::AtomicBool,
-    notify: Notify,
-}
+pub struct ShutdownHandle(Arc<Flag>);
 
 #[derive(Clone)]
-pub struct Shutdown(Arc<ShutdownState>);
+pub struct Shutdown(Arc<Flag>);
 
 impl ShutdownHandle {
     pub fn new() -> (ShutdownHandle, Shutdown) {
-        let s = Arc::new(ShutdownState { triggered: false.into(), notify: Notify::new() });
+        let s = Arc::new(Flag::new());
         (ShutdownHandle(s.clone()), Shutdown(s))
     }
 
     pub fn trigger(&self) {
-        self.0.triggered.store(true, std::sync::atomic::Ordering::Release);
-        self.0.notify.notify_waiters();
+        self.0.set();
     }
 }
 
@@ -118,19 +108,11 @@ impl Drop for ShutdownHandle {
 impl Shutdown {
     /// Resolves once shutdown is triggered (or its handle dropped).
     pub async fn wait(&mut self) {
-        loop {
-            let notified = self.0.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_triggered() {
-                return;
-            }
-            notified.await;
-        }
+        self.0.wait().await
     }
 
     pub fn is_triggered(&self) -> bool {
-        self.0.triggered.load(std::sync::atomic::Ordering::Acquire)
+        self.0.is_set()
     }
 }
 
@@ -314,12 +296,27 @@ pub async fn serve_conn<P: Protocol>(
     // Who the connection's TLS proved the peer to be (none when plain):
     // every request on it carries that to the service (`authz`).
     let authenticated = blizzard_env::peer_of(&*stream);
-    let (rd, wr) = tokio::io::split(stream);
+    let (mut rd, wr) = tokio::io::split(stream);
+    // Nothing is spent on the connection before its first byte: a peer
+    // that connects and sends nothing holds a task and a socket, not
+    // buffers and a writer (issue 56).
+    let mut first = [0u8; 1];
+    let got = tokio::select! {
+        biased;
+        _ = shutdown.wait() => return,
+        r = tokio::io::AsyncReadExt::read(&mut rd, &mut first) => r,
+    };
+    if !matches!(got, Ok(1)) {
+        return;
+    }
     // Set by the connection's `Hello`, if it sends one.
     let mut session: Option<(u64, u64)> = None;
     // Buffered: a small request's header, meta and data arrive in one
     // read system call instead of three.
-    let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
+    let mut rd = tokio::io::BufReader::with_capacity(
+        READ_BUFFER,
+        tokio::io::AsyncReadExt::chain(std::io::Cursor::new(first), rd),
+    );
     let (tx, rx) = mpsc::channel::<Outgoing>(limits.inflight_requests_max.max(1));
     let writer = tokio::spawn(write_queued(wr, rx));
     let replies = Replies::<P> { tx, protocol: std::marker::PhantomData };

@@ -203,9 +203,9 @@ pub(crate) async fn serve_upgrades(
         match hand_over(&conn, pid, &shared, &quiesce, backing.as_deref()).await {
             Ok(n) => {
                 info!(pid, connections = n, "hand-over done: process {pid} serves the listener and {n} connections; this server stops");
-                shared.handed_over.trigger();
+                shared.handed_over.set();
                 // The metrics endpoint and anything else waiting for it.
-                shared.shutdown.trigger();
+                shared.shutdown.set();
                 return;
             }
             Err(e) => warn!(

@@ -25,8 +25,10 @@ use common::*;
 const SIZE: u64 = 4 << 20;
 
 /// A CA with an NBD server's directory `server`, a client's `client`, a
-/// directory `anon` with only the CA, and `rogue`: a client certificate
-/// from another CA, next to this CA's certificate.
+/// directory `anon` with only the CA, `rogue`: a client certificate
+/// from another CA of the same name, next to this CA's certificate, and
+/// `stranger`: one from a CA of another name (a client picking its
+/// certificate by the CA names a server asks for would send none).
 struct Certs {
     _dir: tempfile::TempDir,
     root: PathBuf,
@@ -60,6 +62,10 @@ impl Certs {
         let mallory = Issue { name: "mallory".into(), role: Role::Client, hosts: vec![] };
         issue(&root.join("other-ca"), &mallory, &root.join("rogue"), now).unwrap();
         std::fs::copy(root.join("ca/ca-cert.pem"), root.join("rogue/ca-cert.pem")).unwrap();
+        blizzard_tls::init_ca(&root.join("stranger-ca"), "someone else's CA", now).unwrap();
+        let eve = Issue { name: "alice".into(), role: Role::Client, hosts: vec![] };
+        issue(&root.join("stranger-ca"), &eve, &root.join("stranger"), now).unwrap();
+        std::fs::copy(root.join("ca/ca-cert.pem"), root.join("stranger/ca-cert.pem")).unwrap();
         Certs { _dir: dir, root }
     }
 
@@ -127,6 +133,17 @@ async fn go(s: &mut BoxStream, export: &str) -> (u32, u16) {
         .find(|(h, d)| h.reply_type == NBD_REP_INFO && d.len() == 12)
         .map_or(0, |(_, d)| u16::from_be_bytes([d[10], d[11]]));
     (last, flags)
+}
+
+/// Every reply to an INFO and a GO for `export`: (type, data) each.
+async fn info_and_go(s: &mut BoxStream, export: &str) -> Vec<Vec<(u32, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for opt in [ClientOption::Info, ClientOption::Go] {
+        send_option(s, &opt(InfoRequest { name: export.into(), info: vec![] })).await;
+        let replies = read_option_replies(s).await;
+        out.push(replies.into_iter().map(|(h, d)| (h.reply_type, d.to_vec())).collect());
+    }
+    out
 }
 
 /// A FUA write of a 4 KiB pattern at `offset` and a read of it, over
@@ -250,6 +267,29 @@ fn third_party_clients_over_tls_with_client_certificates() {
     fails("qemu-img", &["info", "--object", &anon, "--image-opts", &target]);
     // The server is still serving.
     run("nbdinfo", &[&nbds(&fx.addr, "disk", &client)]);
+    rt.block_on(fx.stop());
+}
+
+/// Client certificates optional (`--tls require` without
+/// `--tls-verify-peer`): a client with no certificate is served as
+/// anonymous, but one that has a certificate from another CA is refused,
+/// not taken for anonymous, even when that CA's name differs from the
+/// cluster's (the server names no CA it wants, so GnuTLS sends whatever
+/// certificate it has instead of quietly none: issue 56).
+#[test]
+fn a_presented_certificate_is_always_verified() {
+    need("nbdinfo", "libnbd-bin");
+    let certs = Certs::new();
+    let rt = rt();
+    let cfg = NbdConfig { tls: Some(certs.server_tls(false, true)), ..NbdConfig::default() };
+    let fx = rt.block_on(start(&vols(), cfg));
+    let info = run("nbdinfo", &[&nbds(&fx.addr, "disk", &certs.dir("anon"))]);
+    assert!(info.contains("with TLS"), "{info}");
+    run("nbdinfo", &[&nbds(&fx.addr, "disk", &certs.dir("client"))]);
+    for foreign in ["rogue", "stranger"] {
+        let out = fails("nbdinfo", &[&nbds(&fx.addr, "disk", &certs.dir(foreign))]);
+        assert!(!out.contains("export-size"), "{foreign}: {out}");
+    }
     rt.block_on(fx.stop());
 }
 
@@ -394,9 +434,10 @@ async fn write_errno(s: &mut BoxStream, offset: u64) -> u32 {
 
 /// An export with an access list (alice read-write, bob read-only) is
 /// listed and opened only for them: carol (a certificate from the same
-/// CA, not on the list) and clients without a certificate do not see it
-/// and get NBD_REP_ERR_POLICY, as does a tractserver's certificate that
-/// bears alice's name; bob is told READ_ONLY and his writes fail
+/// CA, not on the list) and clients without a certificate do not see it,
+/// and INFO and GO answer them exactly as for a name no volume has (no
+/// existence oracle, issue 56), as they do a tractserver's certificate
+/// that bears alice's name; bob is told READ_ONLY and his writes fail
 /// with EPERM. An export without a list stays open to all. The list
 /// cannot change while the server holds the volume.
 #[test]
@@ -434,8 +475,18 @@ fn access_lists_decide_who_sees_and_writes_an_export() {
                 Some(d) => start_tls(raw(&fx.addr).await, &certs.dir(d)).await.unwrap(),
                 None => raw(&fx.addr).await,
             };
-            let (last, _) = go(&mut s, "disk").await;
-            assert_eq!(last, NBD_REP_ERR_POLICY, "{who:?}");
+            let refused = info_and_go(&mut s, "disk").await;
+            let unknown = info_and_go(&mut s, "no-such-volume").await;
+            assert_eq!(refused[0][0].0, NBD_REP_ERR_UNKNOWN, "{who:?}");
+            assert_eq!(refused.iter().map(|r| r.len()).collect::<Vec<_>>(), vec![1, 1], "{who:?}");
+            // Byte for byte the same but for the name itself.
+            let text = |r: &[Vec<(u32, Vec<u8>)>]| {
+                r.iter().map(|x| (x[0].0, String::from_utf8_lossy(&x[0].1).to_string())).collect::<Vec<_>>()
+            };
+            let same = |r: &[Vec<(u32, Vec<u8>)>], name: &str| {
+                text(r).into_iter().map(|(t, m)| (t, m.replace(name, "NAME"))).collect::<Vec<_>>()
+            };
+            assert_eq!(same(&refused, "disk"), same(&unknown, "no-such-volume"), "{who:?}");
             // The open export is still open to them.
             assert_eq!(go(&mut s, "copy").await.0, NBD_REP_ACK, "{who:?}");
         }
