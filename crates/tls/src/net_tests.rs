@@ -153,3 +153,41 @@ async fn a_client_certificate_cannot_serve_and_directories_are_checked() {
     std::fs::remove_file(d.path().join("alice/ca-cert.pem")).unwrap();
     assert!(load(&d.path().join("alice")).contains("ca-cert.pem is missing"));
 }
+
+/// Issue 56: more idle peers than the listener keeps pending, and more
+/// trickling a byte at a time, hold up no handshake: a legitimate dial
+/// made after all of them connects, every time. (Before, 64 idle peers
+/// made every new handshake wait for one of them to time out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_trickling_peers_hold_up_no_handshake() {
+    blizzard_env::raise_fd_limit();
+    let d = tempfile::tempdir().unwrap();
+    make(d.path(), "ca", &[("ts1", Role::Tractserver), ("alice", Role::Client)]);
+    let l = net(&d.path().join("ts1")).bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr();
+    echo(l);
+    let client = net(&d.path().join("alice"));
+    let mut held = Vec::new();
+    // Past the per-source bound (1,024), so the oldest are pushed out.
+    for i in 0..1300 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        if i % 10 == 0 {
+            // The start of a 16 KiB record: the server waits for the rest.
+            s.write_all(&[0x16, 0x03, 0x01, 0x40]).await.unwrap();
+        }
+        held.push(s);
+        if i % 100 == 99 {
+            let s = client.connect(&addr).await.unwrap();
+            assert_eq!(ping(s).await, "alice/client\nping", "after {} idle peers", i + 1);
+        }
+    }
+    // Some of the oldest idle peers were closed to make room.
+    let mut closed = 0;
+    for s in &mut held[..300] {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(std::time::Duration::from_millis(1), s.read(&mut b)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed > 0, "no idle peer was pushed out");
+}

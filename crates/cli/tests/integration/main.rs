@@ -7,6 +7,7 @@ mod cluster_tls;
 mod common;
 mod crash_sigkill;
 mod fault_recovery;
+mod hostile_peers;
 mod hybrid_journal;
 mod incremental_repair;
 mod kv_failover;
