@@ -103,7 +103,10 @@ enum Cmd {
         /// rebuilds the table from the tractservers after a restart.
         #[arg(long, requires_all = ["id", "data"])]
         peers: Option<String>,
-        /// Where this replica keeps its log and snapshots.
+        /// Where this replica keeps its log and snapshots. A single server
+        /// (no --peers) keeps only the volumes' access lists and the
+        /// revoked certificates there, which nothing could rebuild;
+        /// without --data it refuses to keep any.
         #[arg(long)]
         data: Option<PathBuf>,
         /// Tract size of a new cluster (fixed at creation).
@@ -305,12 +308,24 @@ async fn run(cli: Cli) -> Result<()> {
     let auth = ClusterAuth { certs: cli.tls_certificates, insecure: cli.insecure };
     // Certificates are checked before anything else starts.
     let env = match &cli.cmd {
+        Cmd::Ca { cmd: tls_cmd::CaCmd::Revoke { .. } } => auth.env(&Env::real())?,
         Cmd::Ca { .. } => Env::real(),
         _ => auth.env(&Env::real())?,
     };
     match cli.cmd {
         Cmd::Up(args) => up_cmd(env, args, &auth).await?,
         Cmd::Nbd(args) => nbd_cmd(env, args, &auth).await?,
+        Cmd::Ca { cmd: tls_cmd::CaCmd::Revoke { name, dir, cert, meta } } => {
+            let id = tls_cmd::revoked_identity(&name, dir.as_deref(), cert.as_deref())?;
+            let client = connect(&env, &meta).await?;
+            client.revoke(&id.serial, &id.name).await.with_context(|| {
+                format!("cannot revoke {id} (an admin certificate revokes: --tls-certificates)")
+            })?;
+            println!(
+                "revoked {id}, serial {}: every server refuses it within seconds and closes its connections",
+                id.serial
+            );
+        }
         Cmd::Ca { cmd } => ca_cmd(&env, cmd)?,
         Cmd::Meta {
             listen,
@@ -327,6 +342,7 @@ async fn run(cli: Cli) -> Result<()> {
             no_rebalance,
             metrics,
         } => {
+            let mut solo_data = None;
             let group = match (id, peers, data) {
                 (Some(id), Some(peers), Some(data)) => {
                     let peers = kv::parse_members(&peers)?;
@@ -338,7 +354,10 @@ async fn run(cli: Cli) -> Result<()> {
                     }
                     Some(GroupConfig { id, peers, data_dir: data, timing: Default::default() })
                 }
-                (None, None, None) => None,
+                (None, None, data) => {
+                    solo_data = data;
+                    None
+                }
                 _ => bail!("a replica needs --id, --peers and --data together"),
             };
             let listen = match (listen, &group) {
@@ -349,6 +368,7 @@ async fn run(cli: Cli) -> Result<()> {
             auth.require_certs("a metadata server")?;
             let mut cfg = MetaConfig::new(listen);
             cfg.group = group;
+            cfg.solo_data = solo_data;
             cfg.grow = !no_rebalance;
             cfg.tract_size = u32::try_from(tract_size).context("tract size too large")?;
             cfg.replication = replication;

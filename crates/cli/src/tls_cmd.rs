@@ -189,7 +189,9 @@ pub(crate) enum CaCmd {
         name: String,
     },
     /// Issue a certificate from the CA in DIR, for a role: nbd, tractserver
-    /// or meta (a server: server-cert.pem, server-key.pem) or client
+    /// or meta (a server: server-cert.pem, server-key.pem), admin (an
+    /// operator: creates, deletes and resizes volumes, changes access
+    /// lists, revokes) or client (the volumes whose access lists name it)
     /// (client-cert.pem, client-key.pem); written with the CA's
     /// ca-cert.pem into --out (default DIR/NAME), the directory qemu,
     /// nbdkit, libnbd and blizzard read.
@@ -208,6 +210,22 @@ pub(crate) enum CaCmd {
         /// host's name.
         #[arg(long = "host", value_name = "HOST")]
         hosts: Vec<String>,
+    },
+    /// Revoke a certificate the CA issued: every blizzard server refuses
+    /// it within seconds, with no restart, and closes the connections it
+    /// holds (design 0010). Takes an admin certificate
+    /// (--tls-certificates) and the metadata service (--meta).
+    Revoke {
+        /// The holder's name, as issued.
+        name: String,
+        /// The CA's directory: the certificate is read from DIR/NAME, as
+        /// `ca issue` wrote it.
+        dir: Option<PathBuf>,
+        /// The certificate file, if it is not in DIR/NAME.
+        #[arg(long)]
+        cert: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        meta: String,
     },
 }
 
@@ -230,13 +248,45 @@ pub(crate) fn default_hosts() -> Vec<String> {
     hosts
 }
 
+/// The certificate `blizzard ca revoke NAME [DIR] [--cert FILE]` names:
+/// its identity, read from the file.
+pub(crate) fn revoked_identity(
+    name: &str,
+    dir: Option<&Path>,
+    cert: Option<&Path>,
+) -> Result<blizzard_tls::PeerIdentity> {
+    let path = match (cert, dir) {
+        (Some(c), _) => c.to_path_buf(),
+        (None, Some(d)) => {
+            let held = d.join(name);
+            [blizzard_tls::CLIENT_CERT, blizzard_tls::SERVER_CERT]
+                .iter()
+                .map(|f| held.join(f))
+                .find(|p| p.exists())
+                .with_context(|| format!("{} holds no certificate: give the CA's directory `ca issue` wrote NAME's into, or --cert FILE", held.display()))?
+        }
+        (None, None) => {
+            bail!("name the certificate: the CA's directory it was issued into (DIR/{name}), or --cert FILE")
+        }
+    };
+    let id = blizzard_tls::identity_of_file(&path)?;
+    if id.name != name {
+        bail!("{} is {:?}'s certificate, not {name:?}'s: nothing revoked", path.display(), id.name);
+    }
+    Ok(id)
+}
+
 pub(crate) fn ca_cmd(env: &Env, cmd: CaCmd) -> Result<()> {
     let now = env.clock.system_time();
     match cmd {
+        CaCmd::Revoke { .. } => bail!("`ca revoke` talks to the cluster: it runs from `run`"),
         CaCmd::Init { dir, name } => {
             blizzard_tls::init_ca(&dir, &name, now)?;
             println!("CA {name:?} made in {}", dir.display());
-            println!("  issue:  blizzard ca issue NAME --role nbd|tractserver|meta|client {}", dir.display());
+            println!(
+                "  issue:  blizzard ca issue NAME --role nbd|tractserver|meta|admin|client {}",
+                dir.display()
+            );
         }
         CaCmd::Issue { name, role, dir, out, hosts } => {
             let out = out.unwrap_or_else(|| dir.join(&name));

@@ -297,6 +297,10 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             let client = connect(&env, &meta).await?;
             let sb = manage::info(&client, &name).await?;
             print_volume(&sb);
+            match manage::access_of(&client, &name).await {
+                Ok(list) => print_access(&list),
+                Err(e) => println!("access       cannot be read with this certificate ({e})"),
+            }
             if let Ok(blob) = manage::find_blob(&client, &name).await {
                 let placement = Placement::of(blob.id());
                 let what = match placement {
@@ -350,10 +354,12 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                 _ => None,
             };
             let list = match change {
-                Some(c) => manage::set_access(env, &client, &name, &c)
+                Some(c) => manage::set_access(&client, &name, &c)
                     .await
                     .with_context(|| format!("cannot change who may use volume {name:?}"))?,
-                None => manage::info(&client, &name).await?.access,
+                None => manage::access_of(&client, &name)
+                    .await
+                    .with_context(|| format!("cannot read who may use volume {name:?}"))?,
             };
             print_access(&list);
         }
@@ -482,7 +488,7 @@ async fn print_s3_state(env: &Env, sb: &blizzard_volume::Superblock) {
 /// A volume's access list, one line per identity.
 fn print_access(list: &[blizzard_volume::access::AccessEntry]) {
     if list.is_empty() {
-        println!("access       every client (no list): `blizzard volume access NAME --allow ID` limits it");
+        println!("access       every NBD client, no client certificate at the cluster (no list): `blizzard volume access NAME --allow ID` limits NBD clients to those it names and lets them use it directly");
         return;
     }
     for (i, e) in list.iter().enumerate() {
@@ -495,7 +501,6 @@ fn print_access(list: &[blizzard_volume::access::AccessEntry]) {
 pub(crate) fn print_volume(sb: &blizzard_volume::Superblock) {
     println!("volume       {}", sb.name);
     println!("size         {} ({} bytes)", format_size(sb.size_bytes), sb.size_bytes);
-    print_access(&sb.access);
     if let Some(s3) = sb.backend.s3() {
         println!("backend      s3: an LSVD volume (design 0008), a log of objects under {}", s3.url);
         println!(

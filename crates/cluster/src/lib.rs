@@ -187,7 +187,10 @@ impl Cluster {
     /// Starts (or restarts) metadata replica `i` (from 0).
     pub async fn start_meta_replica(&mut self, i: usize) -> Result<(), ClusterError> {
         let mut m = Self::meta_config(&self.cfg, &self.meta_addrs[i]);
-        if self.meta_addrs.len() > 1 {
+        if self.meta_addrs.len() == 1 {
+            // Access lists and revocations outlive a restart (design 0010).
+            m.solo_data = Some(self.cfg.data_dir.join("meta"));
+        } else {
             m.group = Some(GroupConfig {
                 id: i as u64 + 1,
                 peers: self.meta_addrs.iter().enumerate().map(|(j, a)| (j as u64 + 1, a.clone())).collect(),

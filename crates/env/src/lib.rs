@@ -36,7 +36,7 @@ pub use handover::{
 };
 pub use local::LocalNet;
 pub use model::DiskModel;
-pub use peer::{peer_of, Authenticated, Peer};
+pub use peer::{peer_of, Authenticated, Peer, Revocations};
 pub use real::{raise_fd_limit, RealClock, RealDisks, RealNet, RealRng};
 pub use sync::{lock, Flag};
 

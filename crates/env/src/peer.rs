@@ -20,12 +20,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::{BoxStream, Stream};
 
 /// A peer as its certificate names it: the holder's name (subject common
-/// name) and its role in the cluster (`tractserver`, `meta`, `nbd`,
-/// `client`; empty if the certificate names none).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// name), its role in the cluster (`tractserver`, `meta`, `nbd`, `admin`,
+/// `client`; empty if the certificate names none) and the certificate's
+/// serial number (lower-case hex: what a revocation names).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Peer {
     pub name: String,
     pub role: String,
+    pub serial: String,
 }
 
 impl std::fmt::Display for Peer {
@@ -89,6 +91,48 @@ impl AsyncWrite for Authenticated {
     }
 }
 
+/// Certificates a server refuses, by serial number (they only grow), and
+/// a signal when the set grows: every connection whose peer it names
+/// ends (the blob store's `serve_conn`, the NBD server's transmission).
+#[derive(Default)]
+pub struct Revocations {
+    serials: std::sync::Mutex<Arc<std::collections::BTreeSet<String>>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Revocations {
+    pub fn is_revoked(&self, serial: &str) -> bool {
+        !serial.is_empty() && crate::lock(&self.serials).contains(serial)
+    }
+
+    /// Adds `serials` to the set.
+    pub fn adopt<'a>(&self, serials: impl IntoIterator<Item = &'a String>) {
+        let mut cur = crate::lock(&self.serials);
+        let new: Vec<&String> = serials.into_iter().filter(|s| !cur.contains(*s)).collect();
+        if new.is_empty() {
+            return;
+        }
+        let mut next = (**cur).clone();
+        next.extend(new.into_iter().cloned());
+        *cur = Arc::new(next);
+        drop(cur);
+        self.changed.notify_waiters();
+    }
+
+    /// Resolves once the certificate `serial` is revoked.
+    pub async fn until_revoked(&self, serial: &str) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_revoked(serial) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -98,7 +142,7 @@ mod tests {
     #[tokio::test]
     async fn a_wrapped_stream_carries_its_peer_and_its_bytes() {
         let (a, mut b) = tokio::io::duplex(64);
-        let peer = Peer { name: "ts1".into(), role: "tractserver".into() };
+        let peer = Peer { name: "ts1".into(), role: "tractserver".into(), serial: "01".into() };
         let mut s: BoxStream = Box::new(Authenticated::new(Box::new(a), peer.clone()));
         assert_eq!(peer_of(&*s).as_deref(), Some(&peer));
         s.write_all(b"hi").await.unwrap();
@@ -108,5 +152,22 @@ mod tests {
         let (plain, _) = tokio::io::duplex(64);
         let plain: BoxStream = Box::new(plain);
         assert_eq!(peer_of(&*plain), None, "a stream no net authenticated has no peer");
+    }
+
+    #[tokio::test]
+    async fn a_revocation_wakes_the_connections_of_its_certificate_only() {
+        let r = Arc::new(Revocations::default());
+        let watch = |serial: &'static str| {
+            let r = r.clone();
+            tokio::spawn(async move { r.until_revoked(serial).await })
+        };
+        let (a, b) = (watch("0a"), watch("0b"));
+        tokio::task::yield_now().await;
+        r.adopt(&["0a".to_string()]);
+        a.await.unwrap();
+        tokio::task::yield_now().await;
+        assert!(!b.is_finished());
+        assert!(r.is_revoked("0a") && !r.is_revoked("0b") && !r.is_revoked(""));
+        b.abort();
     }
 }

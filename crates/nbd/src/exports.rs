@@ -18,6 +18,7 @@ use tokio::sync::OnceCell;
 
 use blizzard_client::Client;
 use blizzard_env::Env;
+use blizzard_proto::scope::Scope;
 use blizzard_volume::access::AccessEntry;
 use blizzard_volume::lease::Writer;
 use blizzard_volume::{manage, PlantedBug, Volume, VolumeError};
@@ -43,6 +44,12 @@ pub trait Exports: Send + Sync + 'static {
     /// lease). Default: open to all.
     fn access<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<AccessEntry>, VolumeError>> {
         let _ = name;
+        futures::future::ready(Ok(Vec::new())).boxed()
+    }
+    /// The serial numbers of the certificates the cluster revoked (design
+    /// 0010): their clients are refused and their connections closed.
+    /// Default: none.
+    fn revoked(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
         futures::future::ready(Ok(Vec::new())).boxed()
     }
 }
@@ -76,6 +83,9 @@ pub struct ClientExports {
     env: Env,
     client: Client,
     mode: OpenMode,
+    /// The cluster's scope table as last fetched (access lists,
+    /// revocations); each use asks for a newer one first.
+    scope: Mutex<Option<Arc<Scope>>>,
 }
 
 impl ClientExports {
@@ -84,7 +94,27 @@ impl ClientExports {
     }
 
     pub fn with_mode(env: Env, client: Client, mode: OpenMode) -> Arc<ClientExports> {
-        Arc::new(ClientExports { env, client, mode })
+        Arc::new(ClientExports { env, client, mode, scope: Mutex::new(None) })
+    }
+
+    /// The scope table, brought up to date (one small request when
+    /// nothing changed). `None` where the cluster does not hand it to
+    /// this server (an older metadata service, or a certificate that may
+    /// not read it): volumes then go by their superblocks' lists.
+    async fn scope(&self) -> Result<Option<Arc<Scope>>, VolumeError> {
+        let have = self.scope.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map_or(0, |s| s.version);
+        match self.client.scope(have).await {
+            Ok(Some(t)) => {
+                let t = Arc::new(t);
+                let mut cur = self.scope.lock().unwrap_or_else(|p| p.into_inner());
+                if cur.as_ref().is_none_or(|c| c.version < t.version) {
+                    *cur = Some(t);
+                }
+                Ok(cur.clone())
+            }
+            Ok(None) => Ok(self.scope.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -94,8 +124,12 @@ impl Exports for ClientExports {
     /// (with its volume's access list).
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, VolumeError>> {
         async move {
+            let scope = self.scope().await?;
             let mut out = Vec::new();
-            for sb in manage::list(&self.client).await? {
+            for mut sb in manage::list(&self.client).await? {
+                if let Some(list) = manage::registered(scope.as_deref(), &sb.name) {
+                    sb.access = list;
+                }
                 if sb.backend.s3().is_some() {
                     // A store that cannot be reached now, or is slow to
                     // answer, still lists the volume (without snapshots).
@@ -115,14 +149,23 @@ impl Exports for ClientExports {
         .boxed()
     }
 
-    /// The volume's list, from its superblock (a snapshot's is its
-    /// volume's).
+    /// The volume's list, as the cluster keeps it, or its superblock's
+    /// (`manage::access_of`; a snapshot's is its volume's).
     fn access<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<AccessEntry>, VolumeError>> {
         async move {
             let volume = name.split_once('@').map_or(name, |(v, _)| v);
-            Ok(manage::info(&self.client, volume).await?.access)
+            let scope = self.scope().await?;
+            match manage::registered(scope.as_deref(), volume) {
+                Some(list) => Ok(list),
+                None => Ok(manage::info(&self.client, volume).await?.access),
+            }
         }
         .boxed()
+    }
+
+    fn revoked(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
+        async move { Ok(self.scope().await?.map(|s| s.revoked.keys().cloned().collect()).unwrap_or_default()) }
+            .boxed()
     }
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
@@ -167,14 +210,16 @@ impl Registry {
         self.exports.list().await
     }
 
-    /// The access list of export `name`: the open volume's if it is open,
-    /// else read from the cluster without opening it.
+    /// The access list of export `name`, read from the cluster without
+    /// opening it (the list in force now, whether the volume is open or
+    /// not: an admin changes it while it is served).
     pub(crate) async fn access(&self, name: &str) -> Result<Vec<AccessEntry>, VolumeError> {
-        let open = self.lock().get(name).and_then(|s| s.get().cloned());
-        match open {
-            Some(v) => Ok(v.superblock().access.clone()),
-            None => self.exports.access(name).await,
-        }
+        self.exports.access(name).await
+    }
+
+    /// The certificates the cluster revoked (`Exports::revoked`).
+    pub(crate) async fn revoked(&self) -> Result<Vec<String>, VolumeError> {
+        self.exports.revoked().await
     }
 
     /// The open volume called `name`, opening it on first use. Concurrent

@@ -41,6 +41,9 @@ pub(crate) struct Negotiated {
     /// This client may only read: the volume is read-only, or its access
     /// list says so for this client.
     pub(crate) read_only: bool,
+    /// The serial number of the client's verified certificate, if it has
+    /// one: its revocation closes the connection.
+    pub(crate) serial: Option<String>,
 }
 
 /// Transmission flags for an export. DF only when structured replies were
@@ -359,7 +362,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 let flags = transmission_flags(session.structured, read_only);
                 self.s.write_all(&encode_export_name_reply(session.size, flags, no_zeroes)).await?;
                 self.s.flush().await?;
-                Ok(Some(Outcome::Ready(Negotiated { name: resolved, volume, session, read_only })))
+                Ok(Some(Outcome::Ready(Negotiated {
+                    name: resolved,
+                    volume,
+                    session,
+                    read_only,
+                    serial: None,
+                })))
             }
             ClientOption::Abort => {
                 // The client may already have gone; that is fine.
@@ -423,7 +432,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Haggle<'_, S> {
                 self.reply(code, NBD_REP_INFO, &bs).await?;
                 self.reply(code, NBD_REP_ACK, &[]).await?;
                 if code == NBD_OPT_GO {
-                    return Ok(Some(Outcome::Ready(Negotiated { name, volume, session, read_only })));
+                    return Ok(Some(Outcome::Ready(Negotiated {
+                        name,
+                        volume,
+                        session,
+                        read_only,
+                        serial: None,
+                    })));
                 }
                 Ok(None)
             }

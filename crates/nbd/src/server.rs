@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     /// Connections in the transmission phase (bounded by
     /// `connections_max`; negotiating ones are the admission's).
     pub(crate) transmitting: AtomicUsize,
+    /// Client certificates revoked (`Exports::revoked`, polled): refused
+    /// at their TLS handshake, their connections closed.
+    pub(crate) revocations: Arc<blizzard_env::Revocations>,
 }
 
 impl Shared {
@@ -72,6 +75,7 @@ impl Shared {
             guard: metrics::Guard::default(),
             admission,
             transmitting: AtomicUsize::new(0),
+            revocations: Arc::default(),
         })
     }
 }
@@ -159,6 +163,7 @@ impl Server {
         info!(addr = %local_addr, "NBD server listening");
         let (quiesce, requests) = mpsc::channel(1);
         let accept = tokio::spawn(accept_loop(listener, shared.clone(), parked, requests));
+        tokio::spawn(follow_revocations(shared.clone()));
         Server { local_addr, shared, accept: Some(accept), quiesce, upgrades: None }
     }
 
@@ -266,6 +271,34 @@ pub(crate) fn check_config(cfg: &NbdConfig) -> Result<(), NbdError> {
         }
     }
     Ok(())
+}
+
+/// How often the server asks for revoked certificates: a revoked client's
+/// connections close within about this long (the issue asks for 5 s).
+const REVOCATIONS_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps `shared.revocations` up to date (`Exports::revoked`) until
+/// shutdown.
+async fn follow_revocations(shared: Arc<Shared>) {
+    let mut failing = false;
+    loop {
+        match shared.registry.revoked().await {
+            Ok(serials) => {
+                failing = false;
+                shared.revocations.adopt(&serials);
+            }
+            Err(e) if !failing => {
+                failing = true;
+                warn!(error = %e, "cannot learn which certificates are revoked; the ones known stay refused");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            biased;
+            _ = shared.shutdown.wait() => return,
+            _ = shared.env.sleep(REVOCATIONS_EVERY) => {}
+        }
+    }
 }
 
 /// Serves `/metrics` of the open exports on `l` until shutdown.
@@ -486,12 +519,15 @@ async fn negotiate(
     // The client spoke (its flags): it is dropped only after every silent one.
     pending.heard();
     let mut state = TlsState::of(shared.cfg.tls.as_ref());
-    // The name a verified client certificate gives (access lists name it).
+    // The name a verified client certificate gives (access lists name it),
+    // and its serial number (revocations name that).
     let mut client: Option<String> = None;
+    let mut serial: Option<String> = None;
     loop {
         match handshake::negotiate(&mut stream, shared, peer, no_zeroes, state, client.as_deref()).await? {
             Outcome::Aborted => return Ok(None),
-            Outcome::Ready(n) => {
+            Outcome::Ready(mut n) => {
+                n.serial = serial;
                 let leftover = stream.buffer().to_vec();
                 return Ok(Some((stream.into_inner(), leftover, n, state.active)));
             }
@@ -508,17 +544,29 @@ async fn negotiate(
                     return Err(ConnError::Protocol("STARTTLS acknowledged without TLS configured".into()));
                 };
                 let (inner, identity) = tls::accept(stream.into_inner(), tls, shared).await?;
+                if let Some(id) = identity.as_ref().filter(|id| shared.revocations.is_revoked(&id.serial)) {
+                    return Err(ConnError::Tls(format!(
+                        "the client certificate of {:?} (serial {}) is revoked",
+                        id.name, id.serial
+                    )));
+                }
+                serial = identity.as_ref().map(|id| id.serial.clone());
                 match &identity {
                     Some(id) => {
                         info!(%peer, client = %id, "NBD client upgraded to TLS with a verified certificate")
                     }
                     None => debug!(%peer, "NBD client upgraded to TLS without a certificate"),
                 }
-                // Only a client's certificate names an NBD client: one a
-                // blizzard CA issued for a server role (tractserver, meta,
-                // nbd) is no identity here, whatever its name.
+                // Only a client's certificate (a `client`'s or an
+                // `admin`'s) names an NBD client: one a blizzard CA
+                // issued for a server role (tractserver, meta, nbd) is no
+                // identity here, whatever its name.
                 client = identity
-                    .filter(|id| id.role.is_none_or(|r| r == blizzard_tls::Role::Client))
+                    .filter(|id| {
+                        id.role.is_none_or(|r| {
+                            matches!(r, blizzard_tls::Role::Client | blizzard_tls::Role::Admin)
+                        })
+                    })
                     .map(|id| id.name)
                     .filter(|n| !n.is_empty());
                 stream = tokio::io::BufReader::with_capacity(NEGOTIATION_READ_BUF, inner);
@@ -619,7 +667,8 @@ async fn resume(p: Parked, shared: Arc<Shared>) -> Option<Parked> {
         return None;
     }
     debug!(peer = %p.peer, export = %p.export, "NBD connection resumed");
-    let n = Negotiated { name: p.export, volume, session: p.session, read_only };
+    // (A TLS connection is never handed over: a resumed one has no certificate.)
+    let n = Negotiated { name: p.export, volume, session: p.session, read_only, serial: None };
     transmit(p.stream, p.leftover, n, p.tls, p.peer, shared).await
 }
 

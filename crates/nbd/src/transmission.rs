@@ -377,6 +377,8 @@ async fn drain<R: AsyncRead + Unpin>(rd: &mut R, len: u32) -> std::io::Result<()
 enum Stop {
     Shutdown,
     WriterFailed,
+    /// The client's certificate was revoked (issue 56).
+    Revoked,
 }
 
 async fn read_requests<R: AsyncBufReadExt + Unpin>(
@@ -393,17 +395,25 @@ async fn read_requests<R: AsyncBufReadExt + Unpin>(
     // Fixed when the volume was opened: a read-only export refuses changes
     // before they reach it.
     let read_only = n.read_only;
-    // Everything the reader waits on is raced against these two.
+    // Everything the reader waits on is raced against these.
+    let revoked = async {
+        match n.serial.as_deref() {
+            Some(serial) => shared.revocations.until_revoked(serial).await,
+            None => std::future::pending().await,
+        }
+    };
     let stop = async {
         tokio::select! {
             biased;
             _ = shared.shutdown.wait() => Stop::Shutdown,
             _ = writer_failed.wait() => Stop::WriterFailed,
+            _ = revoked => Stop::Revoked,
         }
     };
     tokio::pin!(stop);
     let stopped = |s: Stop| match s {
         Stop::Shutdown => Err(ConnError::Shutdown),
+        Stop::Revoked => Err(ConnError::Tls("closed: the client's certificate was revoked".into())),
         // The writer's error is the one to report.
         Stop::WriterFailed => Ok(Ended::Closed),
     };

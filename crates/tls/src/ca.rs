@@ -33,12 +33,16 @@ pub enum Role {
     Nbd,
     Tractserver,
     Meta,
-    /// A client: NBD clients, volume commands, the blob client.
+    /// A client: NBD clients, and the blob store's clients, each limited
+    /// to the volumes whose access lists name it.
     Client,
+    /// An operator: creates, deletes and resizes volumes, changes access
+    /// lists, revokes certificates. A client certificate (it only dials).
+    Admin,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Nbd, Role::Tractserver, Role::Meta, Role::Client];
+    pub const ALL: [Role; 5] = [Role::Nbd, Role::Tractserver, Role::Meta, Role::Client, Role::Admin];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -46,6 +50,7 @@ impl Role {
             Role::Tractserver => "tractserver",
             Role::Meta => "meta",
             Role::Client => "client",
+            Role::Admin => "admin",
         }
     }
 
@@ -57,7 +62,7 @@ impl Role {
     /// key usages (cluster servers also dial each other); clients get
     /// `client-*.pem` and client authentication only.
     pub fn is_server(self) -> bool {
-        !matches!(self, Role::Client)
+        !matches!(self, Role::Client | Role::Admin)
     }
 }
 
@@ -256,7 +261,8 @@ pub fn ensure_up_credentials(
     }
     if !client_dir.join(CLIENT_CERT).exists() {
         let _ = std::fs::remove_dir_all(&client_dir);
-        let client = Issue { name: "blizzard-up-client".into(), role: Role::Client, hosts: Vec::new() };
+        // The operator's own: an NBD client and the volume commands' admin.
+        let client = Issue { name: "blizzard-up-client".into(), role: Role::Admin, hosts: Vec::new() };
         issue(dir, &client, &client_dir, now)?;
         made = true;
     }

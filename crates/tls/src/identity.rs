@@ -16,6 +16,9 @@ pub struct PeerIdentity {
     pub name: String,
     /// The role, if the certificate names one blizzard knows.
     pub role: Option<Role>,
+    /// The certificate's serial number, lower-case hex without leading
+    /// zero bytes (what `blizzard ca revoke` names).
+    pub serial: String,
 }
 
 impl PeerIdentity {
@@ -29,8 +32,23 @@ impl PeerIdentity {
             .iter_organizational_unit()
             .filter_map(|a| a.as_str().ok())
             .find_map(|ou| ou.strip_prefix(ROLE_PREFIX).and_then(Role::parse));
-        Some(PeerIdentity { name, role })
+        Some(PeerIdentity { name, role, serial: serial_hex(cert.raw_serial()) })
     }
+}
+
+/// The identity of the (first) certificate in the PEM file `path`: what
+/// `blizzard ca revoke` revokes.
+pub fn identity_of_file(path: &std::path::Path) -> Result<PeerIdentity, crate::TlsError> {
+    let chain = crate::load::certs(path)?;
+    PeerIdentity::of(chain[0].as_ref())
+        .ok_or_else(|| crate::TlsError::new(format!("{} does not parse as X.509", path.display())))
+}
+
+/// A certificate serial number as revocations name it: lower-case hex,
+/// leading zero bytes dropped (DER adds one to keep a number positive).
+pub fn serial_hex(raw: &[u8]) -> String {
+    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len().saturating_sub(1));
+    raw[start..].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl std::fmt::Display for PeerIdentity {

@@ -24,7 +24,7 @@ mod net;
 mod transport;
 
 pub use ca::{ensure_up_credentials, init_ca, issue, Issue, Role, UpCredentials};
-pub use identity::{PeerIdentity, ROLE_PREFIX};
+pub use identity::{identity_of_file, serial_hex, PeerIdentity, ROLE_PREFIX};
 pub use load::{client_config, server_config, server_name};
 pub use net::{ClusterTls, TlsNet, HANDSHAKE_TIMEOUT};
 pub use transport::{Transport, TRANSPORT_READ_BUFFER};

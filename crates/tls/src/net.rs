@@ -213,7 +213,11 @@ impl TlsNet {
 /// The peer a TLS session authenticated, from its first certificate.
 fn peer(certs: Option<&[CertificateDer<'_>]>) -> Option<Peer> {
     let id = PeerIdentity::of(certs?.first()?.as_ref())?;
-    Some(Peer { name: id.name, role: id.role.map(|r| r.name().to_string()).unwrap_or_default() })
+    Some(Peer {
+        name: id.name,
+        role: id.role.map(|r| r.name().to_string()).unwrap_or_default(),
+        serial: id.serial,
+    })
 }
 
 fn failed(msg: String) -> io::Error {
@@ -245,7 +249,7 @@ impl Net for TlsNet {
                 }
             };
             s.get_mut().0.buffer(TRANSPORT_READ_BUFFER);
-            let peer = peer(s.get_ref().1.peer_certificates()).unwrap_or(Peer { name: String::new(), role: String::new() });
+            let peer = peer(s.get_ref().1.peer_certificates()).unwrap_or_default();
             Ok(Box::new(Authenticated::new(Box::new(s), peer)) as BoxStream)
         }
         .boxed()

@@ -1,7 +1,10 @@
 //! Who may use a volume (issue 26, point 3; design 0010): a list of client
-//! identities, each read-write or read-only, kept in the volume's
-//! superblock. The identity is the common name of a client certificate the
-//! cluster's CA signed, as the NBD server verified it over TLS.
+//! identities, each read-write or read-only, kept by the metadata service
+//! (`blizzard_proto::scope`, which every server enforces; issue 56). A
+//! volume made before that, never given a list since, has its list in
+//! its superblock (format 4), which stands until an admin sets one. The
+//! identity is the common name of a client certificate the cluster's CA
+//! signed, as the NBD server (or a cluster server) verified it over TLS.
 //!
 //! | list | client | may |
 //! |---|---|---|
@@ -12,18 +15,10 @@
 //! Pure: the NBD server asks [`check`], the `volume access` command
 //! [`apply`].
 
-/// Most entries one volume's list holds (they live in the superblock copy
-/// with everything else).
-pub const ACCESS_ENTRIES_MAX: usize = 16;
-/// Longest identity (a certificate common name is at most 64).
-pub const IDENTITY_LEN_MAX: usize = 64;
+pub use blizzard_proto::scope::{check_identity, ENTRIES_MAX as ACCESS_ENTRIES_MAX, IDENTITY_LEN_MAX};
 
 /// One entry of a volume's access list.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AccessEntry {
-    pub identity: String,
-    pub read_only: bool,
-}
+pub use blizzard_proto::scope::ScopeEntry as AccessEntry;
 
 /// What a client may do with a volume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,18 +76,6 @@ pub fn apply(list: &[AccessEntry], change: &AccessChange) -> Result<Vec<AccessEn
         }
     }
     Ok(out)
-}
-
-/// An identity a list can hold: 1 to 64 bytes, printable, no spaces
-/// around it.
-pub fn check_identity(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > IDENTITY_LEN_MAX {
-        return Err(format!("an identity is 1 to {IDENTITY_LEN_MAX} bytes (a certificate's common name)"));
-    }
-    if id.trim() != id || id.chars().any(char::is_control) {
-        return Err(format!("identity {id:?} has control characters or surrounding spaces"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

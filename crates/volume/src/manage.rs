@@ -8,6 +8,13 @@
 //! a volume another process holds is refused with
 //! [`VolumeError::Held`], naming the holder. Reading (`info`,
 //! `open_read_only`, `list`) needs no lease.
+//!
+//! Who may use a volume is the metadata service's to keep (design 0010,
+//! issue 56): `create` registers the volume there with an empty access
+//! list, `set_access` changes the list there (no lease: the servers
+//! enforce the new list at once), `delete` forgets it. [`access_of`]
+//! reads the list in force: the metadata service's, or, for a volume made
+//! before it kept them and never given one since, its superblock's.
 
 use std::sync::Arc;
 
@@ -143,6 +150,13 @@ async fn create_with(
         }
     };
     let placed = blob.id();
+    // Known to the cluster (design 0010) before it holds anything: with an
+    // empty list, only admins and the NBD server that serves it touch it.
+    if let Err(e) = client.set_volume_access(placed, &spec.name, Vec::new()).await {
+        let _ = client.delete_blob(placed).await;
+        let _ = lease.release().await;
+        return Err(e.into());
+    }
     let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease.clone());
     let made = match s3 {
         None => Volume::format(env, io, spec).await,
@@ -250,22 +264,42 @@ pub async fn resize(
     Ok(sb)
 }
 
+/// The access list in force for volume `name` (module header): the
+/// metadata service's, or the superblock's for a volume it has none for.
+/// (Reading the metadata service's lists takes an `admin` or `nbd`
+/// certificate on an authenticated cluster.)
+pub async fn access_of(client: &Client, name: &str) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
+    let scope = client.scope(0).await?;
+    match registered(scope.as_ref(), name) {
+        Some(list) => Ok(list),
+        None => Ok(info(client, name).await?.access),
+    }
+}
+
+/// The list the scope table `scope` holds for volume `name`, if it holds
+/// one (a volume it knows only as its lease holder's has none).
+pub fn registered(
+    scope: Option<&blizzard_proto::scope::Scope>,
+    name: &str,
+) -> Option<Vec<crate::access::AccessEntry>> {
+    scope?.volume(blob_id(name)).filter(|v| !v.name.is_empty()).map(|v| v.entries.clone())
+}
+
 /// Changes who may use volume `name` (`crate::access`; design 0010) and
-/// returns the list now in force. Like a resize it opens the volume, so a
-/// volume another process holds is refused, naming the holder: the
-/// server that exports it checks the list from its superblock at each
-/// client's negotiation, and stopping it (or the next start) is what
-/// lets the list change.
+/// returns the list now in force. The metadata service keeps it, and
+/// every server enforces it from its next request on; the volume need
+/// not be closed (an NBD server's connected clients keep what they were
+/// given when they connected). Takes an `admin` certificate.
 pub async fn set_access(
-    env: Env,
     client: &Client,
     name: &str,
     change: &crate::access::AccessChange,
 ) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
-    let mut v = open(env, client, name).await?;
-    let r = v.set_access(change).await;
-    v.close().await?;
-    r
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
+    let current = access_of(client, name).await?;
+    let next = crate::access::apply(&current, change).map_err(VolumeError::Invalid)?;
+    client.set_volume_access(blob.id(), name, next.clone()).await?;
+    Ok(next)
 }
 
 /// Deletes a volume and frees its space: an S3 volume's objects and
@@ -289,6 +323,13 @@ pub async fn delete(env: Env, client: &Client, name: &str) -> Result<(), VolumeE
     }
     .await;
     let _ = lease.release().await;
+    if r.is_ok() {
+        // Its list goes with it (a volume made later under the name
+        // registers its own).
+        if let Err(e) = client.drop_volume(placed).await {
+            tracing::warn!(volume = name, error = %e, "the volume is deleted but its access list is still kept");
+        }
+    }
     r
 }
 

@@ -148,6 +148,8 @@ fn config_flags(a: &Args) -> Vec<String> {
         blizzard_tractserver::PlantedBug::RepairKeepsStale => {
             v.extend(["--plant".into(), "repair-keeps-stale".into()])
         }
+        // The simulator's links carry no certificates: no scope to skip.
+        blizzard_tractserver::PlantedBug::NoScopeCheck => {}
     }
     if a.cfg.meta_plant == MetaPlant::ForgetRowBump {
         v.extend(["--plant".into(), "forget-row-bump".into()]);

@@ -1,5 +1,6 @@
-//! Volume leases (design 0007): one writer per volume. The metadata
-//! service's leader grants, renews and frees them; these calls find it
+//! Volume leases (design 0007): one writer per volume; and access lists
+//! and revocations (design 0010). The metadata service's leader grants,
+//! renews and frees leases and changes the lists; these calls find it
 //! (`MetaService`) and retry what is worth retrying until their deadline:
 //! a leader still taking over answers `NotReady`, an election no answer.
 //! Acquire and renew are idempotent for their holder, release for its
@@ -8,6 +9,7 @@
 use std::time::Duration;
 
 use blizzard_core::BlobId;
+use blizzard_proto::scope::{Scope, ScopeEntry};
 use blizzard_proto::{ErrorCode, Reply, Request, VolumeLease};
 use blizzard_rpc::RpcError;
 
@@ -54,6 +56,45 @@ impl Client {
         }
     }
 
+    /// Replaces the access list of volume `name` (its blob `blob`): who
+    /// may use it (design 0010; an `admin` certificate).
+    pub async fn set_volume_access(
+        &self,
+        blob: BlobId,
+        name: &str,
+        entries: Vec<ScopeEntry>,
+    ) -> Result<(), ClientError> {
+        let req = Request::SetVolumeAccess { blob, name: name.to_string(), entries };
+        self.done(self.lease_call(&req, self.inner.cfg.request_timeout).await?)
+    }
+
+    /// Forgets the access list of volume `blob` (it was deleted).
+    pub async fn drop_volume(&self, blob: BlobId) -> Result<(), ClientError> {
+        self.done(self.lease_call(&Request::DropVolume { blob }, self.inner.cfg.request_timeout).await?)
+    }
+
+    /// Revokes the certificate with serial number `serial` (lower-case
+    /// hex), issued to `name`, across the cluster.
+    pub async fn revoke(&self, serial: &str, name: &str) -> Result<(), ClientError> {
+        let req = Request::Revoke { serial: serial.to_string(), name: name.to_string() };
+        self.done(self.lease_call(&req, self.inner.cfg.request_timeout).await?)
+    }
+
+    /// The scope table the cluster enforces, if newer than `have_version`.
+    pub async fn scope(&self, have_version: u64) -> Result<Option<Scope>, ClientError> {
+        match self.lease_call(&Request::GetScope { have_version }, self.inner.cfg.request_timeout).await? {
+            Reply::Scope(s) => Ok(s),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    fn done(&self, reply: Reply) -> Result<(), ClientError> {
+        match reply {
+            Reply::Done => Ok(()),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
     fn lease_reply(&self, reply: Reply) -> Result<VolumeLease, ClientError> {
         match reply {
             Reply::VolumeLease(l) => Ok(l),
@@ -64,7 +105,7 @@ impl Client {
     fn unexpected(&self, reply: &Reply) -> ClientError {
         ClientError::Meta {
             addr: self.inner.cfg.meta.clone(),
-            message: format!("unexpected reply to a lease request: {reply:?}"),
+            message: format!("unexpected reply: {reply:?}"),
         }
     }
 

@@ -13,15 +13,21 @@
 //! state, a service of `blizzard-replicated`), `replica` (where that state
 //! lives: a runtime member or memory), `rounds` (the leader's rounds:
 //! take over, build, rebuild, recovery: `Reserve`, push, `Serve`),
-//! `volumes` (pure: volume lease requests to updates and back), `server`
-//! (heartbeats, who answers what, status, the entry point).
+//! `volumes` (pure: volume lease and scope requests to updates and back),
+//! `scope` (pure: access lists, the certificates serving volumes and
+//! revocations, as updates change them; design 0010), `scope_store` (a
+//! single server's copy of them on disk), `server` (heartbeats, who
+//! answers what, status, the entry point).
 
+mod access;
 pub mod growth;
 pub mod lease;
 pub mod machine;
 mod plan;
 pub mod replica;
 mod rounds;
+pub mod scope;
+pub mod scope_store;
 pub mod server;
 pub mod tlt_builder;
 mod volumes;

@@ -9,15 +9,18 @@
 //! |---|---|---|
 //! | `Reserve` | barrier | before a round pushes anything: raises the floors to the versions it will hand out, records the members declared dead and adds the members it may leave unsettled |
 //! | `Serve` | barrier | the table a round made every tractserver store; refused if it does not follow the served one (`plan::check_change` against it) |
-//! | `Acquire`, `Renew`, `Release` | exclusive on the volume's blob | `lease::Leases` (pure, time from the update) |
+//! | `Renew` | exclusive on the volume's blob | `lease::Leases` (pure, time from the update) |
+//! | `Acquire`, `Release` | barrier (they may change the scope table, whose versions every replica must pass through alike) | `lease::Leases`; the certificate a lease was taken with serves the volume (`scope`) |
+//! | `SetAccess`, `DropVolume`, `Revoke` | barrier | the scope table (`scope`): access lists, revocations |
 //! | `ExtendAll` | barrier | a new leader's first update: every lease lasts a term from its takeover |
 //!
 //! Every update is checked whole before it changes anything, and applies
 //! the same on every replica (time is the proposer's, carried in the
-//! update). Snapshot format (version 1), the `blizzard_proto` codec:
+//! update). Snapshot format (version 2), the `blizzard_proto` codec:
 //! magic u64, version u32, the served table (`Option<Tlt>`), filling
 //! marks, dead, unsettled, table floor, row floors, last token, lease
-//! clock, leases.
+//! clock, leases, then the scope table (`blizzard_proto::scope::Scope`;
+//! version 1 had none: it reads as the empty table).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,6 +30,7 @@ use bytes::Bytes;
 use blizzard_core::limits::NAME_LEN_MAX;
 use blizzard_core::tlt::Tlt;
 use blizzard_core::{BlobId, TsId};
+use blizzard_proto::scope::{check_entries, Scope, ScopeEntry, IDENTITY_LEN_MAX, SERIAL_LEN_MAX};
 use blizzard_proto::{wire_struct, DecodeError, Reader, RowRef, Wire, Writer};
 use blizzard_replicated::service::{Footprint, Position, Service};
 
@@ -38,7 +42,7 @@ use crate::server::MetaPlant;
 pub const LEASE_TTL_MAX_MS: u64 = 10 * 60 * 1000;
 
 const SNAPSHOT_MAGIC: u64 = 0x424c_5a4d_4554_4131; // "BLZMETA1"
-const SNAPSHOT_VERSION: u32 = 1;
+const SNAPSHOT_VERSION: u32 = 2;
 
 /// One row's members still copying it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +84,9 @@ pub enum MetaOp {
         now_ms: u64,
         ttl_ms: u64,
         take_over: bool,
+        /// The name on the certificate the request came with ("" for
+        /// none): it serves the volume while the lease lasts (`scope`).
+        peer: String,
     },
     Renew {
         blob: BlobId,
@@ -95,6 +102,18 @@ pub enum MetaOp {
     ExtendAll {
         now_ms: u64,
         ttl_ms: u64,
+    },
+    SetAccess {
+        blob: BlobId,
+        name: String,
+        entries: Vec<ScopeEntry>,
+    },
+    DropVolume {
+        blob: BlobId,
+    },
+    Revoke {
+        serial: String,
+        name: String,
     },
 }
 
@@ -116,13 +135,18 @@ impl MetaOp {
                 dead.put(&mut w);
                 unsettled.put(&mut w);
             }
-            MetaOp::Acquire { blob, holder, now_ms, ttl_ms, take_over } => {
-                3u8.put(&mut w);
+            MetaOp::Acquire { blob, holder, now_ms, ttl_ms, take_over, peer } => {
+                // 3: without a certificate (as before certificates served
+                // volumes), 7: with its name last.
+                (if peer.is_empty() { 3u8 } else { 7u8 }).put(&mut w);
                 blob.put(&mut w);
                 holder.put(&mut w);
                 now_ms.put(&mut w);
                 ttl_ms.put(&mut w);
                 take_over.put(&mut w);
+                if !peer.is_empty() {
+                    peer.put(&mut w);
+                }
             }
             MetaOp::Renew { blob, holder, token, now_ms, ttl_ms } => {
                 4u8.put(&mut w);
@@ -141,6 +165,21 @@ impl MetaOp {
                 6u8.put(&mut w);
                 now_ms.put(&mut w);
                 ttl_ms.put(&mut w);
+            }
+            MetaOp::SetAccess { blob, name, entries } => {
+                8u8.put(&mut w);
+                blob.put(&mut w);
+                name.put(&mut w);
+                entries.put(&mut w);
+            }
+            MetaOp::DropVolume { blob } => {
+                9u8.put(&mut w);
+                blob.put(&mut w);
+            }
+            MetaOp::Revoke { serial, name } => {
+                10u8.put(&mut w);
+                serial.put(&mut w);
+                name.put(&mut w);
             }
         }
         w.buf.freeze()
@@ -164,6 +203,13 @@ impl MetaOp {
             }
             Ok(t)
         };
+        let bounded = |r: &mut Reader<'_>, field: &'static str, min: usize, max: usize| {
+            let v = String::get(r)?;
+            if v.len() < min || v.len() > max {
+                return Err(DecodeError::BadValue { field, value: v.len() as u64 });
+            }
+            Ok(v)
+        };
         let op = match u8::get(&mut r)? {
             1 => MetaOp::Reserve {
                 tlt_version: u64::get(&mut r)?,
@@ -181,12 +227,17 @@ impl MetaOp {
                 }
                 MetaOp::Serve { tlt, filling, dead: Wire::get(&mut r)?, unsettled: Wire::get(&mut r)? }
             }
-            3 => MetaOp::Acquire {
+            t @ (3 | 7) => MetaOp::Acquire {
                 blob: BlobId::get(&mut r)?,
                 holder: holder(&mut r)?,
                 now_ms: u64::get(&mut r)?,
                 ttl_ms: ttl(&mut r)?,
                 take_over: bool::get(&mut r)?,
+                peer: if t == 7 {
+                    bounded(&mut r, "lease certificate name", 1, IDENTITY_LEN_MAX)?
+                } else {
+                    String::new()
+                },
             },
             4 => MetaOp::Renew {
                 blob: BlobId::get(&mut r)?,
@@ -197,6 +248,20 @@ impl MetaOp {
             },
             5 => MetaOp::Release { blob: BlobId::get(&mut r)?, token: u64::get(&mut r)? },
             6 => MetaOp::ExtendAll { now_ms: u64::get(&mut r)?, ttl_ms: ttl(&mut r)? },
+            8 => {
+                let blob = BlobId::get(&mut r)?;
+                let name = bounded(&mut r, "volume name", 1, NAME_LEN_MAX)?;
+                let entries: Vec<ScopeEntry> = Wire::get(&mut r)?;
+                if check_entries(&entries).is_err() {
+                    return Err(DecodeError::BadValue { field: "access list", value: entries.len() as u64 });
+                }
+                MetaOp::SetAccess { blob, name, entries }
+            }
+            9 => MetaOp::DropVolume { blob: BlobId::get(&mut r)? },
+            10 => MetaOp::Revoke {
+                serial: bounded(&mut r, "serial number", 1, SERIAL_LEN_MAX)?,
+                name: bounded(&mut r, "revoked name", 0, IDENTITY_LEN_MAX)?,
+            },
             t => return Err(DecodeError::BadValue { field: "metadata update", value: t as u64 }),
         };
         r.finish()?;
@@ -276,6 +341,8 @@ pub struct MetaState {
     pub tlt_floor: u64,
     pub row_floors: BTreeMap<usize, u64>,
     pub leases: Leases,
+    /// Who may touch which volume (`scope`).
+    pub scope: Scope,
 }
 
 impl MetaState {
@@ -314,18 +381,36 @@ impl MetaState {
                 self.unsettled = unsettled.iter().copied().collect();
                 MetaReply::Done
             }
-            MetaOp::Acquire { blob, holder, now_ms, ttl_ms, take_over } => {
-                MetaReply::Lease(self.leases.acquire(*blob, holder, *now_ms, *ttl_ms, *take_over))
+            MetaOp::Acquire { blob, holder, now_ms, ttl_ms, take_over, peer } => {
+                let outcome = self.leases.acquire(*blob, holder, *now_ms, *ttl_ms, *take_over);
+                if matches!(outcome, Outcome::Granted { .. }) {
+                    crate::scope::served_by(&mut self.scope, *blob, peer);
+                }
+                MetaReply::Lease(outcome)
             }
             MetaOp::Renew { blob, holder, token, now_ms, ttl_ms } => {
                 MetaReply::Lease(self.leases.renew(*blob, holder, *token, *now_ms, *ttl_ms))
             }
             MetaOp::Release { blob, token } => {
-                self.leases.release(*blob, *token);
+                if self.leases.release(*blob, *token) {
+                    crate::scope::released(&mut self.scope, *blob);
+                }
                 MetaReply::Done
             }
             MetaOp::ExtendAll { now_ms, ttl_ms } => {
                 self.leases.extend_all(*now_ms, *ttl_ms);
+                MetaReply::Done
+            }
+            MetaOp::SetAccess { blob, name, entries } => {
+                crate::scope::set_access(&mut self.scope, *blob, name, entries);
+                MetaReply::Done
+            }
+            MetaOp::DropVolume { blob } => {
+                crate::scope::drop_volume(&mut self.scope, *blob);
+                MetaReply::Done
+            }
+            MetaOp::Revoke { serial, name } => {
+                crate::scope::revoke(&mut self.scope, serial, name);
                 MetaReply::Done
             }
         }
@@ -361,6 +446,7 @@ impl MetaState {
             })
             .collect();
         leases.put(&mut w);
+        self.scope.put(&mut w);
         w.buf.freeze()
     }
 
@@ -371,7 +457,7 @@ impl MetaState {
             return Err(DecodeError::BadValue { field: "metadata snapshot magic", value: magic });
         }
         let version = u32::get(&mut r)?;
-        if version != SNAPSHOT_VERSION {
+        if version != SNAPSHOT_VERSION && version != 1 {
             return Err(DecodeError::BadValue { field: "metadata snapshot version", value: version as u64 });
         }
         let tlt: Option<Tlt> = Wire::get(&mut r)?;
@@ -387,6 +473,7 @@ impl MetaState {
         let last_token = u64::get(&mut r)?;
         let clock_ms = u64::get(&mut r)?;
         let leases: Vec<LeaseEntry> = Wire::get(&mut r)?;
+        let scope = if version >= 2 { Scope::get(&mut r)? } else { Scope::default() };
         r.finish()?;
         Ok(MetaState {
             tlt,
@@ -402,6 +489,7 @@ impl MetaState {
                 last_token,
                 clock_ms,
             ),
+            scope,
         })
     }
 }
@@ -470,6 +558,11 @@ impl MetaMachine {
         f(&self.state())
     }
 
+    /// Starts from `scope` (a single server's, loaded from its disk).
+    pub fn set_scope(&self, scope: Scope) {
+        self.state().scope = scope;
+    }
+
     /// Applies an update here, outside any log: a single metadata server
     /// without a replica group keeps its state this way (in memory).
     pub fn apply_here(&self, op: &MetaOp) -> MetaReply {
@@ -492,10 +585,17 @@ impl Service for MetaMachine {
 
     fn footprint(&self, op: &MetaOp) -> Footprint {
         match op {
-            MetaOp::Acquire { blob, .. } | MetaOp::Renew { blob, .. } | MetaOp::Release { blob, .. } => {
-                Footprint::exclusive(blob_key(*blob))
-            }
-            MetaOp::Reserve { .. } | MetaOp::Serve { .. } | MetaOp::ExtendAll { .. } => Footprint::Barrier,
+            MetaOp::Renew { blob, .. } => Footprint::exclusive(blob_key(*blob)),
+            // These may change the scope table: its versions must be the
+            // same tables on every replica (`scope`).
+            MetaOp::Acquire { .. }
+            | MetaOp::Release { .. }
+            | MetaOp::SetAccess { .. }
+            | MetaOp::DropVolume { .. }
+            | MetaOp::Revoke { .. }
+            | MetaOp::Reserve { .. }
+            | MetaOp::Serve { .. }
+            | MetaOp::ExtendAll { .. } => Footprint::Barrier,
         }
     }
 
@@ -630,6 +730,7 @@ mod tests {
             now_ms,
             ttl_ms: 10_000,
             take_over: false,
+            peer: String::new(),
         };
         assert_eq!(
             run(&m, 1, acquire("a", 0)),
@@ -643,7 +744,10 @@ mod tests {
         let got: Option<LeaseEntry> =
             blizzard_proto::codec::decode(&m.read(&q).expect("read")).expect("decodes");
         assert_eq!(got.map(|l| (l.holder, l.token)), Some(("a".to_string(), 1)));
-        assert_eq!(m.footprint(&acquire("a", 0)), Footprint::exclusive(blob_key(BlobId(5))));
+        let renew =
+            MetaOp::Renew { blob: BlobId(5), holder: "a".into(), token: 1, now_ms: 3, ttl_ms: 10_000 };
+        assert_eq!(m.footprint(&renew), Footprint::exclusive(blob_key(BlobId(5))));
+        assert_eq!(m.footprint(&acquire("a", 0)), Footprint::Barrier, "it may change the scope table");
         assert_eq!(m.footprint(&serve(table(1, &[1]))), Footprint::Barrier);
     }
 
@@ -679,8 +783,20 @@ mod tests {
                 now_ms: 100,
                 ttl_ms: 5000,
                 take_over: false,
+                peer: "nbd1".into(),
             },
         );
+        run(
+            &m,
+            4,
+            MetaOp::SetAccess {
+                blob: BlobId(8),
+                name: "db".into(),
+                entries: vec![ScopeEntry { identity: "vm1".into(), read_only: true }],
+            },
+        );
+        run(&m, 5, MetaOp::Revoke { serial: "0a".into(), name: "vm2".into() });
+        assert_eq!(m.view().scope.version, 3);
         let mut bytes = Vec::new();
         m.write_snapshot(&m.snapshot(), &mut |b| bytes.extend_from_slice(&b));
         let other = MetaMachine::default();
@@ -697,9 +813,39 @@ mod tests {
     fn malformed_updates_are_refused() {
         let long = "x".repeat(NAME_LEN_MAX + 1);
         for op in [
-            MetaOp::Acquire { blob: BlobId(1), holder: long, now_ms: 0, ttl_ms: 1, take_over: false },
-            MetaOp::Acquire { blob: BlobId(1), holder: "h".into(), now_ms: 0, ttl_ms: 0, take_over: false },
+            MetaOp::Acquire {
+                blob: BlobId(1),
+                holder: long.clone(),
+                now_ms: 0,
+                ttl_ms: 1,
+                take_over: false,
+                peer: String::new(),
+            },
+            MetaOp::Acquire {
+                blob: BlobId(1),
+                holder: "h".into(),
+                now_ms: 0,
+                ttl_ms: 0,
+                take_over: false,
+                peer: String::new(),
+            },
+            MetaOp::Acquire {
+                blob: BlobId(1),
+                holder: "h".into(),
+                now_ms: 0,
+                ttl_ms: 1,
+                take_over: false,
+                peer: "x".repeat(IDENTITY_LEN_MAX + 1),
+            },
             MetaOp::ExtendAll { now_ms: 0, ttl_ms: LEASE_TTL_MAX_MS + 1 },
+            MetaOp::SetAccess { blob: BlobId(1), name: String::new(), entries: vec![] },
+            MetaOp::SetAccess {
+                blob: BlobId(1),
+                name: "v".into(),
+                entries: vec![ScopeEntry { identity: " x".into(), read_only: false }],
+            },
+            MetaOp::Revoke { serial: String::new(), name: "x".into() },
+            MetaOp::Revoke { serial: "0".repeat(SERIAL_LEN_MAX + 1), name: "x".into() },
         ] {
             assert!(MetaOp::decode(&op.encode()).is_err(), "{op:?}");
         }

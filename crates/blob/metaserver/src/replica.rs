@@ -2,7 +2,10 @@
 //! member of a runtime group (`blizzard meta --peers`), or, for a single
 //! metadata server started without `--peers`, in memory as before the
 //! runtime (it then rebuilds the table from the tractservers' reports
-//! after a restart). The server's shell sees one interface either way.
+//! after a restart), but for its access lists and revocations, which
+//! nothing could rebuild: those a single server keeps on disk under its
+//! `--data` (`scope_store`), or refuses to keep. The server's shell sees
+//! one interface either way.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -14,7 +17,10 @@ pub use blizzard_replicated::node::Timing;
 use blizzard_replicated::node::{Node, NodeConfig, NodeError, ProposeError};
 use blizzard_replicated::proto::{Replicated, Status};
 
+use blizzard_proto::scope::Scope;
+
 use crate::machine::{MetaMachine, MetaOp, MetaReply, MetaState};
+use crate::scope_store::ScopeStore;
 use crate::server::MetaPlant;
 
 /// One replica of a metadata group.
@@ -39,13 +45,29 @@ pub enum ReplicaError {
 }
 
 pub enum Replica {
-    Solo(Arc<MetaMachine>),
-    Group { node: Node<MetaMachine>, machine: Arc<MetaMachine> },
+    Solo {
+        machine: Arc<MetaMachine>,
+        /// Where its access lists and revocations are kept, if anywhere.
+        store: Option<ScopeStore>,
+        /// One change of them at a time (applied, then saved).
+        changing: tokio::sync::Mutex<()>,
+    },
+    Group {
+        node: Node<MetaMachine>,
+        machine: Arc<MetaMachine>,
+    },
 }
 
 impl Replica {
-    pub fn solo(plant: MetaPlant) -> Replica {
-        Replica::Solo(Arc::new(MetaMachine::new(plant)))
+    /// A single server; with `store`, the scope table it held is loaded
+    /// from there and every change of it saved there.
+    pub fn solo(plant: MetaPlant, store: Option<(ScopeStore, Scope)>) -> Replica {
+        let machine = Arc::new(MetaMachine::new(plant));
+        let store = store.map(|(store, scope)| {
+            machine.set_scope(scope);
+            store
+        });
+        Replica::Solo { machine, store, changing: tokio::sync::Mutex::new(()) }
     }
 
     /// Starts this replica's runtime member; the returned service answers
@@ -67,7 +89,7 @@ impl Replica {
 
     pub fn machine(&self) -> &MetaMachine {
         match self {
-            Replica::Solo(m) => m,
+            Replica::Solo { machine, .. } => machine,
             Replica::Group { machine, .. } => machine,
         }
     }
@@ -80,7 +102,7 @@ impl Replica {
     /// term 0).
     pub fn leading_term(&self) -> Option<u64> {
         match self {
-            Replica::Solo(_) => Some(0),
+            Replica::Solo { .. } => Some(0),
             Replica::Group { node, .. } => node.leading_term(),
         }
     }
@@ -88,7 +110,7 @@ impl Replica {
     /// Who leads, as far as this replica knows: (id, address).
     pub fn leader_hint(&self) -> Option<(u64, String)> {
         match self {
-            Replica::Solo(_) => None,
+            Replica::Solo { .. } => None,
             Replica::Group { node, .. } => node.leader_hint(),
         }
     }
@@ -97,17 +119,44 @@ impl Replica {
     /// committed before is applied here.
     pub async fn confirm(&self) -> Result<(), ReplicaError> {
         match self {
-            Replica::Solo(_) => Ok(()),
+            Replica::Solo { .. } => Ok(()),
             Replica::Group { node, .. } => {
                 node.confirm_leadership().await.map_err(|e| ReplicaError::NotLeader(e.to_string()))
             }
         }
     }
 
-    /// Applies a change through the log (or here, for a single server).
+    /// Applies a change through the log (or here, for a single server:
+    /// a change of the scope table is saved before this returns, and
+    /// refused where there is nowhere to save it).
     pub async fn propose(&self, op: &MetaOp) -> Result<MetaReply, ReplicaError> {
         let bytes = match self {
-            Replica::Solo(m) => return Ok(m.apply_here(op)),
+            Replica::Solo { machine, store, changing } => {
+                let durable = matches!(
+                    op,
+                    MetaOp::SetAccess { .. } | MetaOp::DropVolume { .. } | MetaOp::Revoke { .. }
+                );
+                if !durable {
+                    return Ok(machine.apply_here(op));
+                }
+                let Some(store) = store else {
+                    return match op {
+                        // Nothing to lose: an empty list is what no record means.
+                        MetaOp::SetAccess { entries, .. } if entries.is_empty() => Ok(machine.apply_here(op)),
+                        MetaOp::DropVolume { .. } => Ok(machine.apply_here(op)),
+                        _ => Err(ReplicaError::Refused(NO_STORE.into())),
+                    };
+                };
+                let _one = changing.lock().await;
+                let reply = machine.apply_here(op);
+                let table = machine.read_state(|s| crate::scope::durable_part(&s.scope));
+                store.save(&table).await.map_err(|e| {
+                    ReplicaError::Refused(format!(
+                        "the change is made but could not be saved ({e}): it may be lost on a restart; fix the metadata server's --data directory and make it again"
+                    ))
+                })?;
+                return Ok(reply);
+            }
             Replica::Group { node, .. } => node.propose(op.encode()).await.map_err(|e| match e {
                 ProposeError::NotLeader { .. } | ProposeError::Stopping => {
                     ReplicaError::NotLeader(e.to_string())
@@ -121,7 +170,7 @@ impl Replica {
     /// This replica's view of its group (none for a single server).
     pub fn group_status(&self) -> Option<Status> {
         match self {
-            Replica::Solo(_) => None,
+            Replica::Solo { .. } => None,
             Replica::Group { node, .. } => Some(node.status()),
         }
     }
@@ -132,6 +181,10 @@ impl Replica {
         }
     }
 }
+
+/// Why a single server without `--data` refuses an access list or a
+/// revocation.
+pub const NO_STORE: &str = "this metadata server runs alone without --data, so it keeps access lists and revocations nowhere a restart would find them: start it with --data DIR (or run a group of replicas)";
 
 /// How long a confirmation of leadership may answer heartbeats for: a
 /// heartbeat answered on it extends a tractserver's lease (two thirds of

@@ -15,6 +15,8 @@
 //! | `GetTlt`, `ClusterParams` | from the applied state | from the applied state (a stale table is caught by row versions) |
 //! | `ClusterStatus` | heartbeats and the applied state | `NotLeader` |
 //! | `AcquireVolume`, `RenewVolume`, `ReleaseVolume` | proposed (`volumes`), once this leader has taken over (`ExtendAll` applied); `NotReady` before | `NotLeader` |
+//! | `SetVolumeAccess`, `DropVolume`, `Revoke` | proposed (`access`), as leases are | `NotLeader` |
+//! | `GetScope` | from the applied state | from the applied state (a caller takes only a newer table) |
 //!
 //! Phases, on the leader: `waiting` (no table served yet; built or
 //! rebuilt by `rounds`), `ready` (the table is served; heartbeats keep
@@ -91,6 +93,10 @@ pub struct MetaConfig {
     /// Every volume lease a new leader inherits lasts at least this long
     /// from its takeover (design 0007).
     pub volume_lease_ttl: Duration,
+    /// A single server's directory for what it cannot rebuild after a
+    /// restart: access lists and revocations (`scope_store`). Without
+    /// one it refuses to keep them. (A group keeps them in its log.)
+    pub solo_data: Option<std::path::PathBuf>,
     /// A bug planted on purpose (the simulator shows its checks catch it);
     /// never set outside tests.
     pub plant: MetaPlant,
@@ -127,6 +133,7 @@ impl MetaConfig {
             metrics_listen: None,
             group: None,
             volume_lease_ttl: Duration::from_secs(10),
+            solo_data: None,
             plant: MetaPlant::None,
         }
     }
@@ -193,14 +200,11 @@ pub struct MetaServer {
     confirming: tokio::sync::Mutex<()>,
     /// To the tractservers rounds push assignments to.
     pub(crate) conns: ConnCache,
+    /// The scope table this replica enforces (`access`).
+    pub(crate) scope: crate::access::ScopeCache,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
+pub(crate) use blizzard_env::lock;
 
 fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorReply {
     ErrorReply::new(code, msg)
@@ -248,6 +252,7 @@ impl MetaServer {
             change: tokio::sync::Mutex::new(()),
             confirming: tokio::sync::Mutex::new(()),
             conns: ConnCache::default(),
+            scope: Default::default(),
         })
     }
 
@@ -286,7 +291,7 @@ impl MetaServer {
         }
     }
 
-    fn not_leader(&self) -> ErrorReply {
+    pub(crate) fn not_leader(&self) -> ErrorReply {
         let (id, msg) = match self.replica.leader_hint() {
             Some((id, addr)) => {
                 (id, format!("this metadata replica does not lead; replica {id} at {addr} does: ask it (give every replica to --meta)"))
@@ -414,6 +419,7 @@ impl MetaServer {
             // to judge it (a member that stores nothing has nothing to send).
             send_assignment: tlt.is_none() || asked,
             lease_ms: self.lease().as_millis().min(u32::MAX as u128) as u32,
+            scope_version: self.replica.read(|s| s.scope.version),
         }))
     }
 
@@ -581,7 +587,9 @@ impl MetaServer {
     /// A volume lease request (`volumes`): through the log, on a leader
     /// that has taken over (every lease its predecessors granted extended
     /// by `ExtendAll`, so none is given away early).
-    async fn volume_lease(&self, req: Request) -> Result<Reply, ErrorReply> {
+    /// Whether this replica may propose a change a client asked for: it
+    /// leads, and has taken over (`ExtendAll` applied).
+    pub(crate) fn ready_to_propose(&self) -> Result<(), ErrorReply> {
         let Some(term) = self.replica.leading_term() else { return Err(self.not_leader()) };
         if lock(&self.state).term != Some(term) {
             return Err(err(
@@ -589,8 +597,14 @@ impl MetaServer {
                 "this metadata replica is taking over as leader; retry shortly",
             ));
         }
+        Ok(())
+    }
+
+    /// A lease request from `peer` (the name on its certificate, "" for none).
+    async fn volume_lease(&self, req: Request, peer: &str) -> Result<Reply, ErrorReply> {
+        self.ready_to_propose()?;
         let now_ms = self.wall_ms();
-        let Some(op) = volumes::op_for(&req, now_ms) else {
+        let Some(op) = volumes::op_for(&req, now_ms, peer) else {
             return Err(err(ErrorCode::BadRequest, "not a lease request"));
         };
         let (blob, op) = op?;
@@ -607,7 +621,7 @@ impl MetaServer {
         }
     }
 
-    async fn handle(&self, req: Request) -> Result<Reply, ErrorReply> {
+    async fn handle(&self, req: Request, caller: &Caller) -> Result<Reply, ErrorReply> {
         match req {
             Request::Ping => Ok(Reply::Done),
             Request::Heartbeat(hb) => self.heartbeat(hb).await,
@@ -625,8 +639,13 @@ impl MetaServer {
             Request::ClusterStatus if self.is_leader() => Ok(Reply::ClusterStatus(self.status())),
             Request::ClusterStatus => Err(self.not_leader()),
             Request::AcquireVolume { .. } | Request::RenewVolume { .. } | Request::ReleaseVolume { .. } => {
-                self.volume_lease(req).await
+                let peer = caller.peer().map(|p| p.name.clone()).unwrap_or_default();
+                self.volume_lease(req, &peer).await
             }
+            Request::SetVolumeAccess { .. } | Request::DropVolume { .. } | Request::Revoke { .. } => {
+                self.change_scope(req).await
+            }
+            Request::GetScope { have_version } => Ok(self.get_scope(have_version)),
             Request::ClusterParams => {
                 let t = self.tlt();
                 Ok(Reply::ClusterParams(ClusterParams {
@@ -645,19 +664,22 @@ impl Service for MetaServer {
         self: Arc<Self>,
         req: Request,
         _data: Bytes,
-        _caller: Caller,
+        caller: Caller,
     ) -> BoxFuture<'static, (Result<Reply, ErrorReply>, Bytes)> {
-        async move { (self.handle(req).await, Bytes::new()) }.boxed()
+        async move { (self.handle(req, &caller).await, Bytes::new()) }.boxed()
     }
 }
 
 /// The service as peers reach it: on an authenticated cluster, each
 /// request runs only if the peer's role may send it
 /// (`blizzard_proto::authz`: only tractservers register and heartbeat,
-/// only metadata replicas change the table; the runtime's own frames are
-/// checked by the runtime, `blizzard_replicated::authz`).
+/// only metadata replicas change the table, only admins change access
+/// lists) and on the volumes its certificate's scope allows
+/// (`blizzard_proto::scope`: a client's leases on the volumes it may
+/// write); the runtime's own frames are checked by the runtime
+/// (`blizzard_replicated::authz`).
 fn authorized(server: Arc<MetaServer>) -> Arc<dyn Service<Blob>> {
-    blizzard_rpc::authz::Authorized::wrap(server, blizzard_proto::authz::allows, "metadata server")
+    blizzard_rpc::authz::Scoped::wrap(server.clone(), server, "metadata server")
 }
 
 /// A running metadata server.
@@ -686,7 +708,15 @@ pub async fn start(env: Env, cfg: MetaConfig) -> Result<MetaHandle, MetaError> {
         env.bind(&cfg.listen).await.map_err(|error| MetaError::Bind { addr: cfg.listen.clone(), error })?;
     let addr = listener.local_addr();
     let (replica, front) = match &cfg.group {
-        None => (Replica::solo(cfg.plant), None),
+        None => {
+            let store = match &cfg.solo_data {
+                Some(dir) => {
+                    Some(crate::scope_store::ScopeStore::open(&env, dir).await.map_err(MetaError::Config)?)
+                }
+                None => None,
+            };
+            (Replica::solo(cfg.plant, store), None)
+        }
         Some(g) => {
             let (r, front) = Replica::group(&env, g, cfg.plant).await?;
             (r, Some(front))
@@ -734,6 +764,8 @@ async fn ticker(env: Env, server: Arc<MetaServer>, interval: Duration, mut shutd
     let period = (interval / 2).max(Duration::from_millis(5));
     loop {
         server.tick().await;
+        // Revocations the log brought close the connections they name.
+        server.scope_table();
         tokio::select! {
             biased;
             _ = shutdown.wait() => return,

@@ -36,9 +36,10 @@ fn check(holder: &str, ttl_ms: u64) -> Result<(), ErrorReply> {
     Ok(())
 }
 
-/// The update a lease request asks for, at the leader's `now_ms`; `None`
-/// for a request that is not about leases.
-pub(crate) fn op_for(req: &Request, now_ms: u64) -> Option<Result<(BlobId, MetaOp), ErrorReply>> {
+/// The update a lease request from `peer` (the name on its certificate,
+/// "" for none) asks for, at the leader's `now_ms`; `None` for a request
+/// that is not about leases.
+pub(crate) fn op_for(req: &Request, now_ms: u64, peer: &str) -> Option<Result<(BlobId, MetaOp), ErrorReply>> {
     Some(match req {
         Request::AcquireVolume { blob, holder, ttl_ms, take_over } => check(holder, *ttl_ms).map(|()| {
             let op = MetaOp::Acquire {
@@ -47,6 +48,7 @@ pub(crate) fn op_for(req: &Request, now_ms: u64) -> Option<Result<(BlobId, MetaO
                 now_ms,
                 ttl_ms: *ttl_ms,
                 take_over: *take_over,
+                peer: peer.to_string(),
             };
             (*blob, op)
         }),
@@ -101,7 +103,7 @@ mod tests {
     const B: BlobId = BlobId(7);
 
     fn update(req: &Request, now_ms: u64) -> (BlobId, MetaOp) {
-        match op_for(req, now_ms) {
+        match op_for(req, now_ms, "nbd1") {
             Some(Ok(x)) => x,
             other => panic!("{req:?} did not become an update: {other:?}"),
         }
@@ -119,12 +121,13 @@ mod tests {
                 holder: "h:1/a".into(),
                 now_ms: 5_000,
                 ttl_ms: 10_000,
-                take_over: true
+                take_over: true,
+                peer: "nbd1".into(),
             }
         );
         let req = Request::RenewVolume { blob: B, holder: "h:1/a".into(), token: 3, ttl_ms: 9 };
         assert!(matches!(update(&req, 1).1, MetaOp::Renew { token: 3, now_ms: 1, .. }));
-        assert!(op_for(&Request::Ping, 0).is_none());
+        assert!(op_for(&Request::Ping, 0, "").is_none());
     }
 
     #[test]
@@ -136,7 +139,7 @@ mod tests {
             ("h".into(), LEASE_TTL_MAX_MS + 1),
         ] {
             let req = Request::AcquireVolume { blob: B, holder, ttl_ms, take_over: false };
-            assert!(matches!(op_for(&req, 0), Some(Err(e)) if e.code == ErrorCode::BadRequest));
+            assert!(matches!(op_for(&req, 0, ""), Some(Err(e)) if e.code == ErrorCode::BadRequest));
         }
     }
 

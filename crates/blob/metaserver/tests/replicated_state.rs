@@ -95,7 +95,14 @@ async fn update(c: &Client, op: MetaOp) -> Result<MetaReply, Box<dyn std::error:
 }
 
 fn acquire(holder: &str, now_ms: u64, take_over: bool) -> MetaOp {
-    MetaOp::Acquire { blob: BlobId(5), holder: holder.into(), now_ms, ttl_ms: 10_000, take_over }
+    MetaOp::Acquire {
+        blob: BlobId(5),
+        holder: holder.into(),
+        now_ms,
+        ttl_ms: 10_000,
+        take_over,
+        peer: String::new(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,6 +136,9 @@ async fn the_table_floors_and_leases_survive_the_leaders_loss() -> R {
             now_ms: 1_000 + i,
             ttl_ms: 60_000,
             take_over: false,
+            // Some leases taken with a certificate: every replica must
+            // pass through the same scope versions (`scope`).
+            peer: if i % 3 == 0 { format!("nbd{i}") } else { String::new() },
         };
         assert!(matches!(update(&c, op).await?, MetaReply::Lease(Outcome::Granted { .. })));
     }

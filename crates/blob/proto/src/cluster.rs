@@ -202,12 +202,16 @@ pub struct HeartbeatReply {
     /// than the time after which the metadata server declares it dead, so
     /// a cut-off server stops serving before its rows are given to others.
     pub lease_ms: u32,
+    /// The version of the scope table (`scope`): a tractserver whose table
+    /// is older fetches it (`GetScope`).
+    pub scope_version: u64,
 }
 wire_struct!(HeartbeatReply {
     action: HeartbeatAction,
     interval_ms: u32,
     send_assignment: bool,
     lease_ms: u32,
+    scope_version: u64,
 });
 
 /// The cluster's creation parameters, asked for by a tractserver before it

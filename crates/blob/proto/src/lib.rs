@@ -15,6 +15,7 @@ pub mod codec;
 pub mod flow;
 pub mod frame;
 pub mod msg;
+pub mod scope;
 
 pub use cluster::*;
 pub use codec::{DecodeError, Reader, Wire, Writer};

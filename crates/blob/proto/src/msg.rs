@@ -9,6 +9,7 @@ use blizzard_core::{BlobId, Incarnation, TractNo};
 
 use crate::cluster::*;
 use crate::codec::{DecodeError, Reader, Wire, Writer};
+use crate::scope::ScopeEntry;
 use crate::wire_struct;
 
 mod reply;
@@ -69,10 +70,16 @@ pub enum Opcode {
     AcquireVolume = 0x0405,
     RenewVolume = 0x0406,
     ReleaseVolume = 0x0407,
+    // Who may touch which volume (design 0010, issue 56): access lists,
+    // revocations, and the table tractservers and NBD servers enforce.
+    SetVolumeAccess = 0x0408,
+    DropVolume = 0x0409,
+    Revoke = 0x040A,
+    GetScope = 0x040B,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 31] = [
+    pub const ALL: [Opcode; 35] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -104,6 +111,10 @@ impl Opcode {
         Opcode::AcquireVolume,
         Opcode::RenewVolume,
         Opcode::ReleaseVolume,
+        Opcode::SetVolumeAccess,
+        Opcode::DropVolume,
+        Opcode::Revoke,
+        Opcode::GetScope,
     ];
 
     pub fn from_u16(v: u16) -> Option<Opcode> {
@@ -437,6 +448,28 @@ pub enum Request {
         blob: BlobId,
         token: u64,
     },
+    /// Registers volume `name` (its blob `blob`) with the access list
+    /// `entries`, replacing the one it had (`admin` only).
+    SetVolumeAccess {
+        blob: BlobId,
+        name: String,
+        entries: Vec<ScopeEntry>,
+    },
+    /// Forgets volume `blob`'s access list (it was deleted; `admin` only).
+    DropVolume {
+        blob: BlobId,
+    },
+    /// Refuses the certificate with serial number `serial` (hex), issued
+    /// to `name`, everywhere from now on (`admin` only).
+    Revoke {
+        serial: String,
+        name: String,
+    },
+    /// The scope table (`scope`), unless the caller's `have_version` is
+    /// current.
+    GetScope {
+        have_version: u64,
+    },
 }
 
 impl Request {
@@ -473,6 +506,10 @@ impl Request {
             Request::AcquireVolume { .. } => Opcode::AcquireVolume,
             Request::RenewVolume { .. } => Opcode::RenewVolume,
             Request::ReleaseVolume { .. } => Opcode::ReleaseVolume,
+            Request::SetVolumeAccess { .. } => Opcode::SetVolumeAccess,
+            Request::DropVolume { .. } => Opcode::DropVolume,
+            Request::Revoke { .. } => Opcode::Revoke,
+            Request::GetScope { .. } => Opcode::GetScope,
         }
     }
 
@@ -582,6 +619,17 @@ impl Request {
                 blob.put(&mut w);
                 token.put(&mut w);
             }
+            Request::SetVolumeAccess { blob, name, entries } => {
+                blob.put(&mut w);
+                name.put(&mut w);
+                entries.put(&mut w);
+            }
+            Request::DropVolume { blob } => blob.put(&mut w),
+            Request::Revoke { serial, name } => {
+                serial.put(&mut w);
+                name.put(&mut w);
+            }
+            Request::GetScope { have_version } => have_version.put(&mut w),
         }
         w.buf.freeze()
     }
@@ -688,6 +736,40 @@ impl Request {
                 ttl_ms: Wire::get(r)?,
             },
             Opcode::ReleaseVolume => Request::ReleaseVolume { blob: Wire::get(r)?, token: Wire::get(r)? },
+            Opcode::SetVolumeAccess => {
+                let blob = Wire::get(r)?;
+                let name: String = Wire::get(r)?;
+                if name.is_empty() || name.len() > blizzard_core::limits::NAME_LEN_MAX {
+                    return Err(DecodeError::BadValue {
+                        field: "volume name length",
+                        value: name.len() as u64,
+                    });
+                }
+                let entries: Vec<ScopeEntry> = Wire::get(r)?;
+                if crate::scope::check_entries(&entries).is_err() {
+                    return Err(DecodeError::BadValue { field: "access list", value: entries.len() as u64 });
+                }
+                Request::SetVolumeAccess { blob, name, entries }
+            }
+            Opcode::DropVolume => Request::DropVolume { blob: Wire::get(r)? },
+            Opcode::Revoke => {
+                let serial: String = Wire::get(r)?;
+                let name: String = Wire::get(r)?;
+                if serial.is_empty()
+                    || serial.len() > crate::scope::SERIAL_LEN_MAX
+                    || !serial.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+                {
+                    return Err(DecodeError::BadValue { field: "serial number", value: serial.len() as u64 });
+                }
+                if name.len() > crate::scope::IDENTITY_LEN_MAX {
+                    return Err(DecodeError::BadValue {
+                        field: "revoked name length",
+                        value: name.len() as u64,
+                    });
+                }
+                Request::Revoke { serial, name }
+            }
+            Opcode::GetScope => Request::GetScope { have_version: Wire::get(r)? },
         };
         r.finish()?;
         Ok(req)

@@ -1,4 +1,5 @@
-//! A service behind a role check (design 0010, point 2).
+//! A service behind a role check (design 0010, point 2) and, for the blob
+//! store, a scope check (issue 56).
 //!
 //! [`Authorized`] wraps a server's [`Service`]: a request that came on a
 //! connection TLS authenticated runs only if the peer's role may send it
@@ -8,6 +9,16 @@
 //! are logged; nothing of them runs. A connection no TLS authenticated
 //! carries no peer and is not checked: those are in-process calls, the
 //! simulator, or a cluster its operator runs without certificates.
+//!
+//! [`Scoped`] does the same for the blob store's servers and then checks
+//! the volume the request touches against the scope table the server
+//! enforces ([`ScopeSource`]; `blizzard_proto::scope`): a client only on
+//! the volumes whose access lists name it, an NBD server only on the ones
+//! it serves, a revoked certificate on nothing. A request refused under
+//! the table the server has makes it fetch a newer one first, once (a
+//! lease taken a moment ago), so the check costs no round trip otherwise.
+//! Its [`Revocations`] close every connection a revoked certificate holds
+//! (`serve_conn` watches them).
 
 use std::sync::Arc;
 
@@ -15,9 +26,12 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use blizzard_proto::{ErrorCode, ErrorReply};
+use blizzard_env::Peer;
+pub use blizzard_env::Revocations;
+use blizzard_proto::scope::{self, Scope, Who};
+use blizzard_proto::{ErrorCode, ErrorReply, Request};
 
-use crate::{Caller, Protocol, Service};
+use crate::{Blob, Caller, Protocol, Service};
 
 /// Whether a peer of a role may send a request.
 pub type Allows<P> = fn(role: &str, req: &<P as Protocol>::Request) -> bool;
@@ -75,6 +89,95 @@ impl<P: Protocol> Service<P> for Authorized<P> {
     }
 }
 
+/// Where a blob store server finds the scope table it enforces.
+pub trait ScopeSource: Send + Sync + 'static {
+    /// The table as this server has it now.
+    fn current(&self) -> Arc<Scope>;
+    /// Fetches a newer table, if there may be one (a request was just
+    /// refused under the current one). Returns at once where the server
+    /// itself keeps the table (the metadata service).
+    fn refresh(self: Arc<Self>) -> BoxFuture<'static, ()>;
+    /// The revocations of the tables adopted so far.
+    fn revocations(&self) -> Arc<Revocations>;
+}
+
+/// The peer as `blizzard_proto::scope` names it.
+pub fn who(peer: &Peer) -> Who<'_> {
+    Who { name: &peer.name, role: &peer.role, serial: &peer.serial }
+}
+
+/// A blob store server's service behind the role table and the scope
+/// table (module header).
+pub struct Scoped {
+    pub inner: Arc<dyn Service<Blob>>,
+    pub scope: Arc<dyn ScopeSource>,
+    /// What this server is, for the refusal's message ("tractserver").
+    pub server: &'static str,
+}
+
+impl Scoped {
+    pub fn wrap(
+        inner: Arc<dyn Service<Blob>>,
+        scope: Arc<dyn ScopeSource>,
+        server: &'static str,
+    ) -> Arc<dyn Service<Blob>> {
+        Arc::new(Scoped { inner, scope, server })
+    }
+}
+
+fn out_of_scope(server: &str, peer: &Peer, req: &Request, why: &str) -> ErrorReply {
+    let opcode = req.opcode() as u16;
+    tracing::warn!(%peer, opcode = format!("{opcode:#06x}"), server, why, "request refused: out of the certificate's scope");
+    ErrorReply::new(
+        ErrorCode::Forbidden,
+        format!(
+            "the {server} refuses request {opcode:#06x} from {peer}: {why} (an admin changes who may use a volume with `blizzard volume access`; design 0010)"
+        ),
+    )
+}
+
+impl Service<Blob> for Scoped {
+    fn call(
+        self: Arc<Self>,
+        req: Request,
+        data: Bytes,
+        caller: Caller,
+    ) -> BoxFuture<'static, (Result<blizzard_proto::Reply, ErrorReply>, Bytes)> {
+        let Some(peer) = caller.peer().cloned() else {
+            return self.inner.clone().call(req, data, caller);
+        };
+        if let Some(refused) = check::<Blob>(blizzard_proto::authz::allows, self.server, &caller, &req) {
+            return futures::future::ready((Err(refused), Bytes::new())).boxed();
+        }
+        match scope::check(who(&peer), &req, &self.scope.current()) {
+            Ok(()) => self.inner.clone().call(req, data, caller),
+            Err(_) if self.scope.current().is_revoked(&peer.serial) => {
+                let why = format!("the certificate (serial {}) is revoked", peer.serial);
+                let e = out_of_scope(self.server, &peer, &req, &why);
+                futures::future::ready((Err(e), Bytes::new())).boxed()
+            }
+            Err(_) => async move {
+                // Perhaps a change the table here has not caught up with
+                // (a lease taken a moment ago): once more, with a newer one.
+                self.scope.clone().refresh().await;
+                match scope::check(who(&peer), &req, &self.scope.current()) {
+                    Ok(()) => self.inner.clone().call(req, data, caller).await,
+                    Err(why) => (Err(out_of_scope(self.server, &peer, &req, &why)), Bytes::new()),
+                }
+            }
+            .boxed(),
+        }
+    }
+
+    fn verifies_replies(&self) -> bool {
+        self.inner.verifies_replies()
+    }
+
+    fn revocations(&self) -> Option<Arc<Revocations>> {
+        Some(self.scope.revocations())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,7 +202,7 @@ mod tests {
     }
 
     fn caller(role: Option<&str>) -> Caller {
-        let peer = role.map(|r| Arc::new(Peer { name: "x".into(), role: r.into() }));
+        let peer = role.map(|r| Arc::new(Peer { name: "x".into(), role: r.into(), serial: "01".into() }));
         Caller::new(None, Arc::new(Sessions::default())).with_peer(peer)
     }
 

@@ -124,4 +124,8 @@ where
             }
         }
     }
+
+    fn revocations(&self) -> Option<Arc<crate::authz::Revocations>> {
+        self.right.revocations().or_else(|| self.left.revocations())
+    }
 }

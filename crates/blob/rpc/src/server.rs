@@ -50,6 +50,12 @@ pub trait Service<P: Protocol = Blob>: Send + Sync + 'static {
     fn verifies_replies(&self) -> bool {
         false
     }
+
+    /// Certificates this service refuses: a connection whose peer they
+    /// come to name is closed (`authz::Scoped`).
+    fn revocations(&self) -> Option<Arc<crate::authz::Revocations>> {
+        None
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -296,6 +302,18 @@ pub async fn serve_conn<P: Protocol>(
     // Who the connection's TLS proved the peer to be (none when plain):
     // every request on it carries that to the service (`authz`).
     let authenticated = blizzard_env::peer_of(&*stream);
+    // A revoked certificate's connection ends (issue 56); other
+    // connections never wait on this.
+    let revoked = {
+        let watch = authenticated.clone().zip(service.revocations());
+        async move {
+            match watch {
+                Some((peer, r)) => r.until_revoked(&peer.serial).await,
+                None => std::future::pending().await,
+            }
+        }
+    };
+    tokio::pin!(revoked);
     let (mut rd, wr) = tokio::io::split(stream);
     // Nothing is spent on the connection before its first byte: a peer
     // that connects and sends nothing holds a task and a socket, not
@@ -304,6 +322,10 @@ pub async fn serve_conn<P: Protocol>(
     let got = tokio::select! {
         biased;
         _ = shutdown.wait() => return,
+        _ = &mut revoked => {
+            tracing::warn!(%peer, "closing a connection: its certificate was revoked");
+            return;
+        }
         r = tokio::io::AsyncReadExt::read(&mut rd, &mut first) => r,
     };
     if !matches!(got, Ok(1)) {
@@ -329,6 +351,10 @@ pub async fn serve_conn<P: Protocol>(
         let header = tokio::select! {
             biased;
             _ = shutdown.wait() => break,
+            _ = &mut revoked => {
+                tracing::warn!(%peer, "closing a connection: its certificate was revoked");
+                break;
+            }
             h = read_header(&mut rd) => h,
         };
         let header = match header {

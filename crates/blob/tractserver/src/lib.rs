@@ -10,7 +10,8 @@
 //! epoch per blob), `rows` (which rows it serves at which version, and its
 //! lease and fence: pure checks), `service` (the request handlers), `fill`
 //! (copying rows this server joined to replace a dead member), `scrub` (re-reading chunks and repairing rot from other
-//! replicas), `metrics` (the Prometheus view), `server` (start-up,
+//! replicas), `scope` (who may touch which volume, as the metadata service
+//! last said: design 0010), `metrics` (the Prometheus view), `server` (start-up,
 //! heartbeats, the entry point), `backup` (the hybrid tier's journal of
 //! backup writes on fast storage, in front of a slow data disk).
 
@@ -24,6 +25,7 @@ pub mod metrics;
 pub(crate) mod parts;
 pub mod peers;
 pub mod rows;
+pub mod scope;
 pub mod scrub;
 pub mod server;
 pub mod service;

@@ -411,6 +411,7 @@ async fn heartbeat_loop(
                 }
                 interval = Duration::from_millis(r.interval_ms.clamp(10, 60_000) as u64);
                 send_assignment = r.send_assignment;
+                service.scope.newer_exists(r.scope_version);
                 // A metadata server that serves a table says continue only
                 // once this server's stored assignment is current (one
                 // rebuilding its table asks for assignments instead).
@@ -451,7 +452,13 @@ async fn heartbeat_loop(
 /// The service as peers reach it: on an authenticated cluster, each
 /// request runs only if the peer's role may send it
 /// (`blizzard_proto::authz`: copies and the blob two-phase commit only from
-/// tractservers, row assignments only from the metadata service).
+/// tractservers, row assignments only from the metadata service) and on
+/// the volumes its certificate's scope allows (`blizzard_proto::scope`,
+/// the table in `crate::scope`).
 fn authorized(service: Arc<TractService>) -> Arc<dyn blizzard_rpc::Service> {
-    blizzard_rpc::authz::Authorized::wrap(service, blizzard_proto::authz::allows, "tractserver")
+    if service.store.planted(crate::PlantedBug::NoScopeCheck) {
+        return blizzard_rpc::authz::Authorized::wrap(service, blizzard_proto::authz::allows, "tractserver");
+    }
+    let scope = service.scope.clone();
+    blizzard_rpc::authz::Scoped::wrap(service, scope, "tractserver")
 }

@@ -68,14 +68,12 @@ pub struct TractService {
     pub boot: u64,
     /// The newest writer epoch seen per blob (`crate::fence`).
     pub(crate) fences: crate::fence::Fences,
+    /// Who may touch which volume, as the metadata service last said
+    /// (`crate::scope`).
+    pub scope: Arc<crate::scope::ScopeCache>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
+use blizzard_env::lock;
 
 impl TractService {
     /// `fill_bandwidth`: bytes per second copied while filling rows;
@@ -89,6 +87,7 @@ impl TractService {
         fill_bandwidth: u64,
         scrub_bandwidth: u64,
     ) -> TractService {
+        let scope = Arc::new(crate::scope::ScopeCache::new(meta.clone()));
         let peers = Arc::new(Peers::new(env.clone(), meta, request_timeout));
         let rows = Arc::new(SharedRows::new(rows));
         let metas = Arc::new(BlobMetas::default());
@@ -116,6 +115,7 @@ impl TractService {
             scrub,
             healer,
             fences: crate::fence::Fences::default(),
+            scope,
         }
     }
 
@@ -264,7 +264,7 @@ impl TractService {
                 none(self.trim_tract(&addr, offset, len, &caller).await)
             }
             Request::DigestTract { addr } => none(self.digest_tract(&addr).await),
-            Request::ListBlobs => none(Ok(self.list_blobs())),
+            Request::ListBlobs => none(Ok(self.list_blobs(&caller))),
             Request::GetBlob { blob, row_version } => none(self.get_blob(blob, row_version).await),
             Request::CreateBlob { blob, row_version, incarnation, replication } => none(
                 Box::pin(self.meta_change(
@@ -318,7 +318,11 @@ impl TractService {
             | Request::ClusterParams
             | Request::AcquireVolume { .. }
             | Request::RenewVolume { .. }
-            | Request::ReleaseVolume { .. } => {
+            | Request::ReleaseVolume { .. }
+            | Request::SetVolumeAccess { .. }
+            | Request::DropVolume { .. }
+            | Request::Revoke { .. }
+            | Request::GetScope { .. } => {
                 none(Err(ErrorReply::new(ErrorCode::BadRequest, "that request is for the metadata server")))
             }
         }
@@ -523,7 +527,10 @@ impl TractService {
 
     /// `ListBlobs`: only blobs whose metadata row this server leads, so a
     /// union over all tractservers lists each blob once.
-    fn list_blobs(&self) -> Reply {
+    /// The metadata of the blobs this server lists (the primary of their
+    /// metadata row), those `caller` may see (`blizzard_proto::scope::
+    /// visible`: a client, the volumes whose lists name it).
+    fn list_blobs(&self, caller: &Caller) -> Reply {
         let rows = self.row_index();
         let me = self.store.disk_id();
         let layout = rows.assignment.layout();
@@ -536,6 +543,10 @@ impl TractService {
                     .is_some_and(|row| rows.lists_row(me, row, self.fill.row_complete(row)))
             })
         };
+        if let Some(peer) = caller.peer() {
+            let scope = blizzard_rpc::authz::ScopeSource::current(&*self.scope);
+            v.retain(|m| blizzard_proto::scope::visible(blizzard_rpc::authz::who(peer), m.blob, &scope));
+        }
         v.sort_by_key(|m| m.blob);
         Reply::Blobs(v)
     }

@@ -64,7 +64,7 @@ fn an_authenticated_cluster_serves_its_own_and_refuses_the_rest() {
         ("ts0", "tractserver"),
         ("ts1", "tractserver"),
         ("nbd1", "nbd"),
-        ("admin", "client"),
+        ("admin", "admin"),
     ]) {
         ok(blizzard(&["ca", "issue", name, "--role", role, &s(&ca)]));
     }
@@ -173,7 +173,7 @@ fn an_authenticated_cluster_serves_its_own_and_refuses_the_rest() {
     match refused {
         Err(RpcError::Remote { reply, .. }) => {
             assert_eq!(reply.code, ErrorCode::Forbidden, "{reply:?}");
-            assert!(reply.message.contains("(client)"), "{}", reply.message);
+            assert!(reply.message.contains("(admin)"), "{}", reply.message);
         }
         other => panic!("a client certificate's heartbeat was not refused: {other:?}"),
     }

@@ -233,7 +233,7 @@ fn idle_trickling_and_churning_peers_delay_nobody() {
         ("ts1", "tractserver"),
         ("ts2", "tractserver"),
         ("nbd1", "nbd"),
-        ("admin", "client"),
+        ("admin", "admin"),
     ] {
         ok(blizzard(&["ca", "issue", name, "--role", role, &s(&ca)]));
     }

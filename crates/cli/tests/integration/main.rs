@@ -3,6 +3,7 @@
 //! linked once rather than once per file (see ARCHITECTURE, "Where the tests
 //! are").
 
+mod authz;
 mod cluster_tls;
 mod common;
 mod crash_sigkill;

@@ -197,6 +197,8 @@ pub enum Reply {
     ClusterParams(ClusterParams),
     /// `AcquireVolume`, `RenewVolume`.
     VolumeLease(VolumeLease),
+    /// `GetScope`: `None` when the caller's table is current.
+    Scope(Option<crate::scope::Scope>),
 }
 
 /// One write of a `WriteTracts` that failed: its place in the request and
@@ -253,6 +255,7 @@ pub fn encode_response(res: &Result<Reply, ErrorReply>) -> bytes::Bytes {
                 Reply::ClusterStatus(s) => s.put(&mut w),
                 Reply::ClusterParams(p) => p.put(&mut w),
                 Reply::VolumeLease(l) => l.put(&mut w),
+                Reply::Scope(s) => s.put(&mut w),
             }
         }
     }
@@ -277,7 +280,10 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             | Opcode::MetaCommit
             | Opcode::MetaAbort
             | Opcode::AssignRows
-            | Opcode::ReleaseVolume => Reply::Done,
+            | Opcode::ReleaseVolume
+            | Opcode::SetVolumeAccess
+            | Opcode::DropVolume
+            | Opcode::Revoke => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
             Opcode::DigestTract => Reply::Digest { chunks: get_digest(r)? },
@@ -309,6 +315,7 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             Opcode::ClusterStatus => Reply::ClusterStatus(Wire::get(r)?),
             Opcode::ClusterParams => Reply::ClusterParams(Wire::get(r)?),
             Opcode::AcquireVolume | Opcode::RenewVolume => Reply::VolumeLease(Wire::get(r)?),
+            Opcode::GetScope => Reply::Scope(Wire::get(r)?),
         }),
         v => return Err(DecodeError::BadValue { field: "status", value: v as u64 }),
     };

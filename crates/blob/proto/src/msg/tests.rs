@@ -131,6 +131,17 @@ pub(crate) fn samples() -> Vec<Request> {
         Request::AcquireVolume { blob: BlobId(9), holder: "h:1/2".into(), ttl_ms: 10_000, take_over: true },
         Request::RenewVolume { blob: BlobId(9), holder: "h:1/2".into(), token: 4, ttl_ms: 10_000 },
         Request::ReleaseVolume { blob: BlobId(9), token: 4 },
+        Request::SetVolumeAccess {
+            blob: BlobId(9),
+            name: "db".into(),
+            entries: vec![
+                crate::scope::ScopeEntry { identity: "vm1".into(), read_only: false },
+                crate::scope::ScopeEntry { identity: "vm2".into(), read_only: true },
+            ],
+        },
+        Request::DropVolume { blob: BlobId(9) },
+        Request::Revoke { serial: "01ab".into(), name: "vm2".into() },
+        Request::GetScope { have_version: 5 },
     ]
 }
 

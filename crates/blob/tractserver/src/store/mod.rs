@@ -268,6 +268,10 @@ pub enum PlantedBug {
     /// A source answers a repair (`CopyTractChanges`) with no changes, so
     /// a member back in a row keeps what it held when it left (`fill`).
     RepairKeepsStale,
+    /// Requests are checked against their certificate's role only, not
+    /// against the volumes its scope allows (`crate::scope`, design
+    /// 0010): any client certificate reads any volume.
+    NoScopeCheck,
 }
 
 /// Tract writes handed to the disk at once. Buffered writes to one file
