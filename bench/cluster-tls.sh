@@ -38,7 +38,7 @@ trap stop EXIT
 
 "$BIN" ca init "$DIR/ca" > /dev/null
 for n in meta ts0 ts1 ts2 ts3 nbd admin; do
-    case $n in meta) r=meta ;; ts*) r=tractserver ;; nbd) r=nbd ;; *) r=client ;; esac
+    case $n in meta) r=meta ;; ts*) r=tractserver ;; nbd) r=nbd ;; *) r=admin ;; esac
     "$BIN" ca issue "$n" --role "$r" "$DIR/ca" > /dev/null
 done
 

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use blizzard_env::admission::AdmissionCounts;
 use blizzard_lsvd::store::CountsNow;
 use blizzard_lsvd::Info;
 use blizzard_metrics::Text;
@@ -96,11 +97,24 @@ fn per_export(t: &mut Text, name: &str, help: &str, samples: &[(&str, u64)]) {
     }
 }
 
-/// The text exposition of `exports` and of the server's checks, one family
-/// per figure.
-pub(crate) fn render(exports: &[Figures], guard: GuardNow) -> String {
+/// The text exposition of `exports`, of the server's checks and of its
+/// negotiating connections (`pending`: `blizzard_env::admission`), one
+/// family per figure.
+pub(crate) fn render(exports: &[Figures], guard: GuardNow, pending: AdmissionCounts) -> String {
     let mut t = Text::new();
     t.gauge("blizzard_nbd_exports_open", "Exports this server has open.", exports.len() as f64);
+    t.gauge(
+        "blizzard_nbd_negotiating_connections",
+        "Connections still negotiating (not yet serving an export).",
+        pending.pending as f64,
+    );
+    let evicted: &[(&str, &str)] = &[("reason", "evicted")];
+    let timed_out: &[(&str, &str)] = &[("reason", "timed_out")];
+    t.counters(
+        "blizzard_nbd_negotiations_dropped_total",
+        "Negotiations given up: evicted (too many pending; the oldest silent one goes) or timed out.",
+        &[(evicted, pending.evicted as f64), (timed_out, pending.timed_out as f64)],
+    );
     let ok: &[(&str, &str)] = &[("result", "ok")];
     let failed: &[(&str, &str)] = &[("result", "failed")];
     t.counters(
@@ -212,7 +226,11 @@ mod tests {
 
     #[test]
     fn a_blob_volume_shows_only_its_size() {
-        let text = render(&[Figures { export: "disk".into(), size: 4096, s3: None }], GuardNow::default());
+        let text = render(
+            &[Figures { export: "disk".into(), size: 4096, s3: None }],
+            GuardNow::default(),
+            Default::default(),
+        );
         assert!(text.contains("blizzard_nbd_exports_open 1\n"), "{text}");
         assert!(text.contains("blizzard_nbd_export_size_bytes{export=\"disk\"} 4096\n"), "{text}");
         assert!(!text.contains("lsvd"), "{text}");
@@ -230,7 +248,11 @@ mod tests {
         }
         let now = g.now();
         assert_eq!(now, GuardNow { tls_ok: 2, tls_failed: 1, tls_required: 1, access_denied: 1 });
-        let text = render(&[], now);
+        let pending = AdmissionCounts { admitted: 9, evicted: 3, timed_out: 2, pending: 4 };
+        let text = render(&[], now, pending);
+        assert!(text.contains("blizzard_nbd_negotiating_connections 4\n"), "{text}");
+        assert!(text.contains("blizzard_nbd_negotiations_dropped_total{reason=\"evicted\"} 3\n"), "{text}");
+        assert!(text.contains("blizzard_nbd_negotiations_dropped_total{reason=\"timed_out\"} 2\n"), "{text}");
         assert!(text.contains("blizzard_nbd_tls_handshakes_total{result=\"ok\"} 2\n"), "{text}");
         assert!(text.contains("blizzard_nbd_tls_handshakes_total{result=\"failed\"} 1\n"), "{text}");
         assert!(text.contains("blizzard_nbd_refused_total{reason=\"tls_required\"} 1\n"), "{text}");
@@ -254,6 +276,7 @@ mod tests {
                 Figures { export: "s".into(), size: 1 << 30, s3: Some((info(12288), counts)) },
             ],
             GuardNow::default(),
+            AdmissionCounts::default(),
         );
         assert!(text.contains("blizzard_nbd_exports_open 2\n"), "{text}");
         assert!(text.contains("blizzard_lsvd_not_in_object_store_bytes{export=\"s\"} 12288\n"), "{text}");

@@ -308,7 +308,7 @@ pub(crate) fn serve_metrics(shared: &Arc<Shared>, l: Box<dyn Listener>) {
     let render: blizzard_metrics::Render = Arc::new(move || {
         let figures: Vec<_> =
             for_render.registry.opened().iter().map(|(name, v)| metrics::Figures::of(name, v)).collect();
-        metrics::render(&figures, for_render.guard.now())
+        metrics::render(&figures, for_render.guard.now(), for_render.admission.counts())
     });
     tokio::spawn(blizzard_metrics::serve(shared.env.clone(), l, render, async move {
         for_stop.shutdown.wait().await

@@ -185,7 +185,7 @@ mod tests {
         let mut flipped = b.to_vec();
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
-        assert!(decode(&flipped).unwrap_err().contains("CRC32C"));
+        assert!(decode(&flipped).expect_err("a flipped bit").contains("CRC32C"));
     }
 
     /// One case per row of the module header's table.
@@ -200,7 +200,7 @@ mod tests {
         assert_eq!(pick(ok(3, 3), ok(4, 4)), Ok((4, table(4))));
         assert_eq!(pick(bad(), ok(4, 4)), Ok((4, table(4))));
         assert_eq!(pick(ok(5, 5), bad()), Ok((5, table(5))));
-        let both = pick(bad(), bad()).unwrap_err();
+        let both = pick(bad(), bad()).expect_err("both bad");
         assert!(both.contains("scope-a: torn") && both.contains("scope-b: torn"), "{both}");
     }
 

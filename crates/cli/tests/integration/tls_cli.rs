@@ -62,7 +62,9 @@ fn ca_certificates_and_start_up_checks() {
     let (ok, text) = blizzard(&["ca", "issue", "alice", "--role", "client", s(&ca)]);
     assert!(ok, "{text}");
     assert!(ca.join("alice/client-cert.pem").is_file() && ca.join("alice/client-key.pem").is_file());
-    let (ok, text) = blizzard(&["ca", "issue", "x", "--role", "admin", s(&ca)]);
+    let (ok, text) = blizzard(&["ca", "issue", "root", "--role", "admin", s(&ca)]);
+    assert!(ok && ca.join("root/client-cert.pem").is_file(), "an admin has a client's files: {text}");
+    let (ok, text) = blizzard(&["ca", "issue", "x", "--role", "superuser", s(&ca)]);
     assert!(!ok && text.contains("unknown role"), "{text}");
 
     // Bad directories and contradictory flags: one line each, at start.
@@ -145,7 +147,7 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
 
     // Access lists: a second volume limited to alice is hidden from up's
     // own client certificate ("blizzard-up-client") until it is allowed
-    // too, read-only; the served volume's list cannot change under it.
+    // too, read-only; a served volume's list changes under it.
     let ok = |args: &[&str]| {
         let (ok, text) = blizzard(args);
         assert!(ok, "blizzard {args:?}:\n{text}");
@@ -153,7 +155,7 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
     };
     ok(&["volume", "create", "v2", "--size", "8MiB", "--meta", &meta]);
     let text = ok(&["volume", "access", "v2", "--meta", &meta]);
-    assert!(text.contains("every client"), "{text}");
+    assert!(text.contains("every NBD client"), "{text}");
     ok(&["volume", "access", "v2", "--allow", "alice", "--meta", &meta]);
     let list = |uri: &str| {
         let out = Command::new(&nbdinfo).args(["--list", uri]).output().unwrap();
@@ -174,11 +176,16 @@ fn up_makes_its_certificates_and_requires_tls_when_told() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("is_read_only: true"), "{text}");
     // Served now (nbdinfo opened it), as the default volume is: the list
-    // stays as it is until the server lets the volume go.
+    // changes all the same, for the next connection (design 0010).
     for v in ["v2", "disk"] {
-        let (succeeded, text) = blizzard(&["volume", "access", v, "--allow", "bob", "--meta", &meta]);
-        assert!(!succeeded && text.contains("open for writing by"), "{text}");
+        let text = ok(&["volume", "access", v, "--allow", "bob", "--meta", &meta]);
+        assert!(text.contains("bob read-write"), "{text}");
     }
+    let (succeeded, text) =
+        blizzard(&["volume", "access", "v2", "--deny", "blizzard-up-client", "--meta", &meta]);
+    assert!(succeeded, "{text}");
+    let out = Command::new(&nbdinfo).arg(&v2).output().unwrap();
+    assert!(!out.status.success(), "denied while served, yet: {}", String::from_utf8_lossy(&out.stdout));
     assert!(up.interrupt());
     assert!(up.wait_exit(Duration::from_secs(60)).success(), "{}", up.tail());
 }
