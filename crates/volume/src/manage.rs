@@ -222,6 +222,9 @@ pub async fn info(client: &Client, name: &str) -> Result<Superblock, VolumeError
 /// claiming it (`Volume::open_read_only`): a process writing it carries on.
 pub async fn open_read_only(client: &Client, name: &str) -> Result<Volume, VolumeError> {
     let blob = find_blob(client, name).await.map_err(not_found(name))?;
+    // An NBD server's certificate reads a volume it does not hold only as
+    // a registered reader (design 0010); any other's goes by its list.
+    client.attach_reader(blob_id(name)).await?;
     Volume::open_read_only(ClientBlobIo::new(blob)).await
 }
 

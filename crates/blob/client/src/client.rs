@@ -89,6 +89,10 @@ pub enum ClientError {
     Unavailable { attempts: u32, last: String },
     #[error("metadata server {addr}: {message}")]
     Meta { addr: String, message: String },
+    /// The metadata service refused the request for this process's
+    /// certificate (its role, or the volumes it may touch: design 0010).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("tractserver {addr} restarted while holding cached writes, which may be lost: write them again")]
     Restarted { addr: String },
     #[error(

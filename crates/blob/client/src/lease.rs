@@ -80,6 +80,20 @@ impl Client {
         self.done(self.lease_call(&req, self.inner.cfg.request_timeout).await?)
     }
 
+    /// Registers this process's certificate as a reader of volume `blob`
+    /// (an NBD server serving it read-only, without its lease). `false`
+    /// where the cluster has nothing to register: a certificate that is
+    /// not an NBD server's or an admin's (its access list decides), or
+    /// none.
+    pub async fn attach_reader(&self, blob: BlobId) -> Result<bool, ClientError> {
+        match self.lease_call(&Request::AttachReader { blob }, self.inner.cfg.request_timeout).await {
+            Ok(Reply::Done) => Ok(true),
+            Ok(other) => Err(self.unexpected(&other)),
+            Err(ClientError::Forbidden(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The scope table the cluster enforces, if newer than `have_version`.
     pub async fn scope(&self, have_version: u64) -> Result<Option<Scope>, ClientError> {
         match self.lease_call(&Request::GetScope { have_version }, self.inner.cfg.request_timeout).await? {
@@ -127,6 +141,11 @@ impl Client {
                 }
                 _ => true,
             };
+            if let RpcError::Remote { reply, .. } = &err {
+                if reply.code == ErrorCode::Forbidden {
+                    return Err(ClientError::Forbidden(reply.message.clone()));
+                }
+            }
             if !transient || env.now() + pause >= end {
                 return Err(ClientError::Meta {
                     addr: self.inner.cfg.meta.clone(),

@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | `SetVolumeAccess`, `DropVolume`, `Revoke` | `admin` | the leader, once it has taken over | proposes the change (`scope`); a single server saves it first (`scope_store`) or, without `--data`, refuses a list or a revocation |
 //! | `GetScope` | `nbd`, `admin`, `tractserver` | any replica, from its applied state | the table, if newer than the caller's |
+//! | `AttachReader` | `nbd`, `admin` | the leader | the caller's certificate reads the volume from then on (an NBD server serving it read-only) |
 //! | a lease | `client` (read-write on the volume), `nbd`, `admin` | the leader (`volumes`) | the certificate it came with serves the volume while the lease lasts |
 //!
 //! The table a replica enforces is its applied state's, kept as one
@@ -46,10 +47,14 @@ impl MetaServer {
         cur.clone()
     }
 
-    /// `SetVolumeAccess`, `DropVolume`, `Revoke` (module header).
-    pub(crate) async fn change_scope(&self, req: Request) -> Result<Reply, ErrorReply> {
+    /// `SetVolumeAccess`, `DropVolume`, `Revoke`, `AttachReader` from
+    /// `peer` (the name on its certificate, "" for none) (module header).
+    pub(crate) async fn change_scope(&self, req: Request, peer: &str) -> Result<Reply, ErrorReply> {
         self.ready_to_propose()?;
         let op = match req {
+            // Without a certificate there is nobody to register.
+            Request::AttachReader { .. } if peer.is_empty() => return Ok(Reply::Done),
+            Request::AttachReader { blob } => MetaOp::AttachReader { blob, peer: peer.to_string() },
             Request::SetVolumeAccess { blob, name, entries } => MetaOp::SetAccess { blob, name, entries },
             Request::DropVolume { blob } => MetaOp::DropVolume { blob },
             Request::Revoke { serial, name } => {
@@ -65,6 +70,7 @@ impl MetaServer {
         };
         match self.replica.propose(&op).await {
             Ok(MetaReply::Done) => Ok(Reply::Done),
+            Ok(MetaReply::Refused(why)) => Err(ErrorReply::new(ErrorCode::BadRequest, why)),
             Ok(other) => Err(ErrorReply::new(ErrorCode::Internal, format!("unexpected outcome {other:?}"))),
             Err(ReplicaError::NotLeader(_)) => Err(self.not_leader()),
             Err(ReplicaError::Refused(why)) => Err(ErrorReply::new(ErrorCode::BadRequest, why)),

@@ -11,7 +11,7 @@
 //! | `Serve` | barrier | the table a round made every tractserver store; refused if it does not follow the served one (`plan::check_change` against it) |
 //! | `Renew` | exclusive on the volume's blob | `lease::Leases` (pure, time from the update) |
 //! | `Acquire`, `Release` | barrier (they may change the scope table, whose versions every replica must pass through alike) | `lease::Leases`; the certificate a lease was taken with serves the volume (`scope`) |
-//! | `SetAccess`, `DropVolume`, `Revoke` | barrier | the scope table (`scope`): access lists, revocations |
+//! | `SetAccess`, `DropVolume`, `Revoke`, `AttachReader` | barrier | the scope table (`scope`): access lists, revocations, read-only NBD servers |
 //! | `ExtendAll` | barrier | a new leader's first update: every lease lasts a term from its takeover |
 //!
 //! Every update is checked whole before it changes anything, and applies
@@ -115,6 +115,10 @@ pub enum MetaOp {
         serial: String,
         name: String,
     },
+    AttachReader {
+        blob: BlobId,
+        peer: String,
+    },
 }
 
 impl MetaOp {
@@ -180,6 +184,11 @@ impl MetaOp {
                 10u8.put(&mut w);
                 serial.put(&mut w);
                 name.put(&mut w);
+            }
+            MetaOp::AttachReader { blob, peer } => {
+                11u8.put(&mut w);
+                blob.put(&mut w);
+                peer.put(&mut w);
             }
         }
         w.buf.freeze()
@@ -261,6 +270,10 @@ impl MetaOp {
             10 => MetaOp::Revoke {
                 serial: bounded(&mut r, "serial number", 1, SERIAL_LEN_MAX)?,
                 name: bounded(&mut r, "revoked name", 0, IDENTITY_LEN_MAX)?,
+            },
+            11 => MetaOp::AttachReader {
+                blob: BlobId::get(&mut r)?,
+                peer: bounded(&mut r, "reader's certificate name", 1, IDENTITY_LEN_MAX)?,
             },
             t => return Err(DecodeError::BadValue { field: "metadata update", value: t as u64 }),
         };
@@ -413,6 +426,10 @@ impl MetaState {
                 crate::scope::revoke(&mut self.scope, serial, name);
                 MetaReply::Done
             }
+            MetaOp::AttachReader { blob, peer } => match crate::scope::reader(&mut self.scope, *blob, peer) {
+                Ok(()) => MetaReply::Done,
+                Err(why) => MetaReply::Refused(why),
+            },
         }
     }
 
@@ -593,6 +610,7 @@ impl Service for MetaMachine {
             | MetaOp::SetAccess { .. }
             | MetaOp::DropVolume { .. }
             | MetaOp::Revoke { .. }
+            | MetaOp::AttachReader { .. }
             | MetaOp::Reserve { .. }
             | MetaOp::Serve { .. }
             | MetaOp::ExtendAll { .. } => Footprint::Barrier,
@@ -796,7 +814,8 @@ mod tests {
             },
         );
         run(&m, 5, MetaOp::Revoke { serial: "0a".into(), name: "vm2".into() });
-        assert_eq!(m.view().scope.version, 3);
+        run(&m, 6, MetaOp::AttachReader { blob: BlobId(8), peer: "nbd2".into() });
+        assert_eq!(m.view().scope.version, 4);
         let mut bytes = Vec::new();
         m.write_snapshot(&m.snapshot(), &mut |b| bytes.extend_from_slice(&b));
         let other = MetaMachine::default();

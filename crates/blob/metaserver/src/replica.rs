@@ -143,7 +143,9 @@ impl Replica {
                     return match op {
                         // Nothing to lose: an empty list is what no record means.
                         MetaOp::SetAccess { entries, .. } if entries.is_empty() => Ok(machine.apply_here(op)),
-                        MetaOp::DropVolume { .. } => Ok(machine.apply_here(op)),
+                        // Lost with a restart as the leases are: the NBD
+                        // server registers again when it opens the volume.
+                        MetaOp::DropVolume { .. } | MetaOp::AttachReader { .. } => Ok(machine.apply_here(op)),
                         _ => Err(ReplicaError::Refused(NO_STORE.into())),
                     };
                 };

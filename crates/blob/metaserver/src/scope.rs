@@ -11,6 +11,7 @@
 //! | a lease granted to a holder whose certificate is P | the volume's server becomes P (a volume known only by this) | raised if it changed |
 //! | a lease released | the volume's server cleared; a volume known only by its server forgotten | raised if it changed |
 //! | a lease renewed, or expiring | nothing: the server stays until another takes the lease | — |
+//! | `AttachReader` (an NBD server serving the volume read-only) | its certificate added to the volume's readers (at most `READERS_MAX`; kept until the volume is dropped) | raised if new |
 //!
 //! Every update that can change the table is a barrier in the log
 //! (`machine`), so every replica passes through the same versions: a
@@ -18,7 +19,7 @@
 //! asks only for a newer one.
 
 use blizzard_core::BlobId;
-use blizzard_proto::scope::{volume_key, Scope, ScopeEntry, VolumeScope};
+use blizzard_proto::scope::{volume_key, Scope, ScopeEntry, VolumeScope, READERS_MAX};
 
 /// Replaces volume `blob`'s name and access list.
 pub fn set_access(s: &mut Scope, blob: BlobId, name: &str, entries: &[ScopeEntry]) {
@@ -57,6 +58,26 @@ pub fn served_by(s: &mut Scope, blob: BlobId, peer: &str) {
     s.version += 1;
 }
 
+/// An NBD server whose certificate is `peer` serves volume `blob`
+/// read-only. `Err` when the volume has as many readers as it may.
+pub fn reader(s: &mut Scope, blob: BlobId, peer: &str) -> Result<(), String> {
+    if peer.is_empty() {
+        return Ok(());
+    }
+    let v = s.volumes.entry(volume_key(blob)).or_default();
+    if v.readers.iter().any(|r| r == peer) {
+        return Ok(());
+    }
+    if v.readers.len() >= READERS_MAX {
+        return Err(format!(
+            "volume {blob} already has {READERS_MAX} NBD servers serving it read-only: none more is registered"
+        ));
+    }
+    v.readers.push(peer.to_string());
+    s.version += 1;
+    Ok(())
+}
+
 /// Volume `blob`'s lease was released.
 pub fn released(s: &mut Scope, blob: BlobId) {
     let key = volume_key(blob);
@@ -65,18 +86,18 @@ pub fn released(s: &mut Scope, blob: BlobId) {
         return;
     }
     v.server.clear();
-    if v.name.is_empty() && v.entries.is_empty() {
+    if v.name.is_empty() && v.entries.is_empty() && v.readers.is_empty() {
         s.volumes.remove(&key);
     }
     s.version += 1;
 }
 
 /// The part of the table that outlives the process for a single metadata
-/// server (`store`): names, lists and revocations. Servers come from
-/// leases, which such a server keeps in memory.
+/// server (`store`): names, lists, readers and revocations. Servers come
+/// from leases, which such a server keeps in memory.
 pub fn durable_part(s: &Scope) -> Scope {
     let mut out = s.clone();
-    out.volumes.retain(|_, v| !v.name.is_empty() || !v.entries.is_empty());
+    out.volumes.retain(|_, v| !v.name.is_empty() || !v.entries.is_empty() || !v.readers.is_empty());
     out.volumes.values_mut().for_each(|v| v.server.clear());
     out
 }
@@ -143,6 +164,26 @@ mod tests {
         released(&mut s, w);
         served_by(&mut s, w, "");
         assert_eq!(s.version, v, "nothing to release, nothing to change");
+    }
+
+    /// Row 7: readers registered once, bounded, dropped with the volume.
+    #[test]
+    fn readers_are_registered_once_and_bounded() {
+        let mut s = Scope::default();
+        assert_eq!(reader(&mut s, V, "nbd3"), Ok(()));
+        assert_eq!(reader(&mut s, V, "nbd3"), Ok(()));
+        assert_eq!(s.version, 1);
+        assert_eq!(reader(&mut s, V, ""), Ok(()));
+        assert_eq!(s.version, 1, "no certificate, nothing to register");
+        served_by(&mut s, V, "nbd1");
+        released(&mut s, V);
+        assert_eq!(of(&s, V).map(|v| v.readers), Some(vec!["nbd3".to_string()]), "kept past the lease");
+        for i in 1..READERS_MAX {
+            assert!(reader(&mut s, V, &format!("r{i}")).is_ok());
+        }
+        assert!(reader(&mut s, V, "one-more").is_err());
+        drop_volume(&mut s, V);
+        assert_eq!(of(&s, V), None);
     }
 
     #[test]

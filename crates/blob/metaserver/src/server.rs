@@ -15,7 +15,7 @@
 //! | `GetTlt`, `ClusterParams` | from the applied state | from the applied state (a stale table is caught by row versions) |
 //! | `ClusterStatus` | heartbeats and the applied state | `NotLeader` |
 //! | `AcquireVolume`, `RenewVolume`, `ReleaseVolume` | proposed (`volumes`), once this leader has taken over (`ExtendAll` applied); `NotReady` before | `NotLeader` |
-//! | `SetVolumeAccess`, `DropVolume`, `Revoke` | proposed (`access`), as leases are | `NotLeader` |
+//! | `SetVolumeAccess`, `DropVolume`, `Revoke`, `AttachReader` | proposed (`access`), as leases are | `NotLeader` |
 //! | `GetScope` | from the applied state | from the applied state (a caller takes only a newer table) |
 //!
 //! Phases, on the leader: `waiting` (no table served yet; built or
@@ -642,8 +642,12 @@ impl MetaServer {
                 let peer = caller.peer().map(|p| p.name.clone()).unwrap_or_default();
                 self.volume_lease(req, &peer).await
             }
-            Request::SetVolumeAccess { .. } | Request::DropVolume { .. } | Request::Revoke { .. } => {
-                self.change_scope(req).await
+            Request::SetVolumeAccess { .. }
+            | Request::DropVolume { .. }
+            | Request::Revoke { .. }
+            | Request::AttachReader { .. } => {
+                let peer = caller.peer().map(|p| p.name.clone()).unwrap_or_default();
+                self.change_scope(req, &peer).await
             }
             Request::GetScope { have_version } => Ok(self.get_scope(have_version)),
             Request::ClusterParams => {

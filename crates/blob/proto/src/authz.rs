@@ -20,6 +20,7 @@
 //! | `Heartbeat` (registers and reports a tractserver) | **no** | **no** | **no** | yes | yes |
 //! | `GetTlt`, `ClusterStatus`, `ClusterParams` | yes | yes | yes | yes | yes |
 //! | volume leases (`Acquire`/`Renew`/`ReleaseVolume`) | yes¹ | yes¹ | yes | **no** | yes |
+//! | `AttachReader` (serving a volume read-only) | **no** | yes | yes | **no** | yes |
 //! | access lists, revocations (`SetVolumeAccess`, `DropVolume`, `Revoke`) | **no** | **no** | yes | **no** | yes |
 //! | the scope table (`GetScope`) | **no** | yes | yes | yes | yes |
 //!
@@ -81,6 +82,7 @@ pub fn allows(role: &str, req: &Request) -> bool {
         AcquireVolume { .. } | RenewVolume { .. } | ReleaseVolume { .. } => client || nbd || admin,
         SetVolumeAccess { .. } | DropVolume { .. } | Revoke { .. } => admin,
         GetScope { .. } => nbd || admin || ts,
+        AttachReader { .. } => nbd || admin,
     }
 }
 
@@ -98,13 +100,14 @@ mod tests {
             CLIENT => [
                 &copies[..],
                 &admin_only,
-                &[Heartbeat, AssignRows, CreateBlob, DeleteBlob, ExtendBlob, GetScope],
+                &[Heartbeat, AssignRows, CreateBlob, DeleteBlob, ExtendBlob, GetScope, AttachReader],
             ]
             .concat(),
             NBD => [&copies[..], &admin_only, &[Heartbeat, AssignRows, CreateBlob, DeleteBlob]].concat(),
             ADMIN => [&copies[..], &[Heartbeat, AssignRows]].concat(),
             TRACTSERVER => {
-                [&admin_only[..], &[AssignRows, AcquireVolume, RenewVolume, ReleaseVolume]].concat()
+                [&admin_only[..], &[AssignRows, AcquireVolume, RenewVolume, ReleaseVolume, AttachReader]]
+                    .concat()
             }
             META => vec![],
             _ => samples().iter().map(|r| r.opcode()).filter(|o| !matches!(o, Ping | Hello)).collect(),

@@ -76,10 +76,11 @@ pub enum Opcode {
     DropVolume = 0x0409,
     Revoke = 0x040A,
     GetScope = 0x040B,
+    AttachReader = 0x040C,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 35] = [
+    pub const ALL: [Opcode; 36] = [
         Opcode::Ping,
         Opcode::Hello,
         Opcode::WriteTract,
@@ -115,6 +116,7 @@ impl Opcode {
         Opcode::DropVolume,
         Opcode::Revoke,
         Opcode::GetScope,
+        Opcode::AttachReader,
     ];
 
     pub fn from_u16(v: u16) -> Option<Opcode> {
@@ -470,6 +472,12 @@ pub enum Request {
     GetScope {
         have_version: u64,
     },
+    /// Registers the caller's certificate as a reader of volume `blob`: an
+    /// NBD server that serves it read-only, without its lease (design
+    /// 0010). Kept until the volume is deleted.
+    AttachReader {
+        blob: BlobId,
+    },
 }
 
 impl Request {
@@ -510,6 +518,7 @@ impl Request {
             Request::DropVolume { .. } => Opcode::DropVolume,
             Request::Revoke { .. } => Opcode::Revoke,
             Request::GetScope { .. } => Opcode::GetScope,
+            Request::AttachReader { .. } => Opcode::AttachReader,
         }
     }
 
@@ -624,7 +633,7 @@ impl Request {
                 name.put(&mut w);
                 entries.put(&mut w);
             }
-            Request::DropVolume { blob } => blob.put(&mut w),
+            Request::DropVolume { blob } | Request::AttachReader { blob } => blob.put(&mut w),
             Request::Revoke { serial, name } => {
                 serial.put(&mut w);
                 name.put(&mut w);
@@ -770,6 +779,7 @@ impl Request {
                 Request::Revoke { serial, name }
             }
             Opcode::GetScope => Request::GetScope { have_version: Wire::get(r)? },
+            Opcode::AttachReader => Request::AttachReader { blob: Wire::get(r)? },
         };
         r.finish()?;
         Ok(req)

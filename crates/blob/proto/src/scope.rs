@@ -7,7 +7,7 @@
 //! | `meta`, `tractserver` | every blob (row copies, repair, forwarding) | the role |
 //! | `admin` | every blob: create, delete, resize, access lists, revocation | the role |
 //! | `client` | the blobs of volumes whose access list names it: reads with any entry, changes (writes, trims, digests, leases) with a read-write one | the volume's entry in the [`Scope`] |
-//! | `nbd` | the volumes it serves: every tract of a volume whose lease it holds; of any other volume only its record (tract 0: superblock, access list) and its metadata, to list exports and check access lists before it takes a lease | the lease holder's certificate name, in the [`Scope`] |
+//! | `nbd` | the volumes it serves: every tract of a volume whose lease it holds, and reads of one it registered to serve read-only (`AttachReader`); of any other volume only its record (tract 0: superblock, access list) and its metadata, to list exports and check access lists before it takes a lease | the lease holder's certificate name and the readers', in the [`Scope`] |
 //!
 //! A certificate whose serial number the scope lists as revoked may do
 //! nothing at all, whatever its role.
@@ -39,6 +39,8 @@ pub const ENTRIES_MAX: usize = 16;
 pub const IDENTITY_LEN_MAX: usize = 64;
 /// Longest certificate serial number, in hex (RFC 5280: 20 bytes).
 pub const SERIAL_LEN_MAX: usize = 40;
+/// Most NBD servers registered to read one volume.
+pub const READERS_MAX: usize = 64;
 /// Most volumes and revocations one table holds.
 pub const VOLUMES_MAX: usize = 1 << 20;
 pub const REVOKED_MAX: usize = 1 << 16;
@@ -69,6 +71,9 @@ pub struct VolumeScope {
     /// The certificate name its lease was taken with ("" while nobody
     /// holds it, or when the holder had no certificate).
     pub server: String,
+    /// NBD servers' certificate names registered to serve it read-only
+    /// (`AttachReader`): they read it without its lease.
+    pub readers: Vec<String>,
 }
 
 impl VolumeScope {
@@ -131,11 +136,12 @@ fn bad(field: &'static str, value: usize) -> DecodeError {
 }
 
 impl Wire for VolumeScope {
-    const MIN_LEN: usize = 12;
+    const MIN_LEN: usize = 16;
     fn put(&self, w: &mut Writer) {
         self.name.put(w);
         self.entries.put(w);
         self.server.put(w);
+        self.readers.put(w);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let name = String::get(r)?;
@@ -150,7 +156,11 @@ impl Wire for VolumeScope {
         if server.len() > IDENTITY_LEN_MAX {
             return Err(bad("lease holder's certificate name length", server.len()));
         }
-        Ok(VolumeScope { name, entries, server })
+        let readers: Vec<String> = Wire::get(r)?;
+        if readers.len() > READERS_MAX || readers.iter().any(|n| n.is_empty() || n.len() > IDENTITY_LEN_MAX) {
+            return Err(bad("readers", readers.len()));
+        }
+        Ok(VolumeScope { name, entries, server, readers })
     }
 }
 
@@ -243,9 +253,10 @@ pub fn touches(req: &Request) -> Vec<Touch> {
         CreateBlob { blob, .. } | ExtendBlob { blob, .. } | DeleteBlob { blob, .. } => {
             vec![Touch::Change(*blob, None)]
         }
-        AcquireVolume { blob, .. } | RenewVolume { blob, .. } | ReleaseVolume { blob, .. } => {
-            vec![Touch::Lease(*blob)]
-        }
+        AcquireVolume { blob, .. }
+        | RenewVolume { blob, .. }
+        | ReleaseVolume { blob, .. }
+        | AttachReader { blob } => vec![Touch::Lease(*blob)],
         _ => Vec::new(),
     }
 }
@@ -278,8 +289,10 @@ fn judge(who: Who<'_>, t: Touch, scope: &Scope) -> Result<(), String> {
     };
     if who.role == NBD {
         let serves = vol.is_some_and(|v| !v.server.is_empty() && v.server == who.name);
+        let reads = vol.is_some_and(|v| v.readers.iter().any(|r| r == who.name));
         return match t {
             _ if serves => Ok(()),
+            Touch::Read(..) if reads => Ok(()),
             // Leases: the NBD server takes the volumes it serves.
             Touch::Lease(_) => Ok(()),
             // A volume's record and metadata, to list and check access.
@@ -332,6 +345,7 @@ mod tests {
                     ScopeEntry { identity: "reader".into(), read_only: true },
                 ],
                 server: "nbd1".into(),
+                readers: vec!["nbd3".into()],
             },
         );
         s.revoked.insert("0abc".into(), "stolen".into());
@@ -364,7 +378,8 @@ mod tests {
                     | Request::DeleteBlob { blob, .. }
                     | Request::AcquireVolume { blob, .. }
                     | Request::RenewVolume { blob, .. }
-                    | Request::ReleaseVolume { blob, .. } => *blob = V,
+                    | Request::ReleaseVolume { blob, .. }
+                    | Request::AttachReader { blob } => *blob = V,
                     _ => {}
                 }
                 r
@@ -388,9 +403,11 @@ mod tests {
         for r in at_v() {
             let about_v = !touches(&r).is_empty()
                 && !matches!(r, Request::WriteTracts { ref writes, .. } if writes.is_empty());
-            let lease =
-                matches!(r.opcode(), Opcode::AcquireVolume | Opcode::RenewVolume | Opcode::ReleaseVolume);
-            let cases: [(Who<'_>, bool); 8] = [
+            let lease = matches!(
+                r.opcode(),
+                Opcode::AcquireVolume | Opcode::RenewVolume | Opcode::ReleaseVolume | Opcode::AttachReader
+            );
+            let cases: [(Who<'_>, bool); 9] = [
                 (who("m", META), true),
                 (who("t", TRACTSERVER), true),
                 (who("root", ADMIN), true),
@@ -404,6 +421,8 @@ mod tests {
                 (who("nbd1", NBD), true),
                 // Another NBD server: its leases, and V's metadata only.
                 (who("nbd2", NBD), !about_v || lease || r.opcode() == Opcode::GetBlob),
+                // Serving V read-only: reads too.
+                (who("nbd3", NBD), !about_v || lease || reads(&r)),
             ];
             for (w, want) in cases {
                 assert_eq!(

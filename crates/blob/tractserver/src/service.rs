@@ -322,7 +322,8 @@ impl TractService {
             | Request::SetVolumeAccess { .. }
             | Request::DropVolume { .. }
             | Request::Revoke { .. }
-            | Request::GetScope { .. } => {
+            | Request::GetScope { .. }
+            | Request::AttachReader { .. } => {
                 none(Err(ErrorReply::new(ErrorCode::BadRequest, "that request is for the metadata server")))
             }
         }

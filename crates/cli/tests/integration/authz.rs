@@ -84,13 +84,13 @@ fn expected(who: &str, op: Opcode) -> bool {
     );
     match who {
         "meta1" => true,
-        "ts1" => !(op == AssignRows || leases || admin_ops),
+        "ts1" => !(op == AssignRows || leases || admin_ops || op == AttachReader),
         "root" => !(server_ops || op == AssignRows),
         "vm1" => public || reads || writes || leases,
         "vmro" => public || reads,
         "vm2" => public,
-        "nbd1" => public || reads || writes || leases || op == ExtendBlob || op == GetScope,
-        "nbd2" => public || op == GetBlob || leases || op == GetScope,
+        "nbd1" => public || reads || writes || leases || matches!(op, ExtendBlob | GetScope | AttachReader),
+        "nbd2" => public || op == GetBlob || leases || matches!(op, GetScope | AttachReader),
         _ => false,
     }
 }
@@ -201,6 +201,8 @@ fn requests(victim: BlobId, nowhere: BlobId) -> Vec<(Request, &'static str)> {
         (Request::DropVolume { blob: nowhere }, "meta"),
         (Request::Revoke { serial: "ffffffffffffffff".into(), name: "nobody".into() }, "meta"),
         (Request::GetScope { have_version: u64::MAX }, "meta"),
+        // Of a volume no test reads from: registering changes nothing here.
+        (Request::AttachReader { blob: nowhere }, "meta"),
     ]
 }
 
@@ -414,6 +416,24 @@ fn every_request_of_every_role_and_scope_is_as_the_table_says() {
         assert!(e.to_string().contains("read-only"), "{e}");
         let e = manage::open(fx.env("vmro"), &vmro, "victim").await.err().expect("vmro took victim's lease");
         assert!(e.to_string().contains("read-only"), "{e}");
+
+        // An NBD server that serves victim read-only (no lease: `blizzard
+        // nbd --read-only`) registers as its reader and reads it; it still
+        // writes nothing of it. A client certificate registers nothing.
+        let to_ts = Conn::<Blob>::connect(&fx.env("nbd2"), &fx.tss[0].addr).await.unwrap();
+        let a = TractAddr { blob: fx.victim, incarnation: 1, tract: TractNo(1), row_version: NO_ROW, writer: 0 };
+        let forbidden = |r: &Result<(Reply, Bytes), RpcError>| {
+            matches!(r, Err(RpcError::Remote { reply, .. }) if reply.code == ErrorCode::Forbidden)
+        };
+        let read = Request::ReadTract { addr: a, offset: 0, len: 4096 };
+        assert!(forbidden(&to_ts.call(&read, Bytes::new()).await), "nbd2 read victim before registering");
+        let nbd2 = fx.client("nbd2").await;
+        let v = manage::open_read_only(&nbd2, "victim").await.unwrap();
+        assert_eq!(&v.read(4096, 4096).await.unwrap()[..], &[7u8; 4096][..]);
+        assert!(!forbidden(&to_ts.call(&read, Bytes::new()).await), "a registered reader refused");
+        let write = Request::WriteTract { addr: a, offset: 0, crcs: vec![] };
+        assert!(forbidden(&to_ts.call(&write, Bytes::new()).await), "a reader wrote");
+        assert!(!vm1.attach_reader(manage::blob_id("other")).await.unwrap(), "a client registered");
         fx.stop().await;
     });
 }

@@ -283,7 +283,8 @@ pub fn decode_response(op: Opcode, meta: &[u8]) -> Result<Result<Reply, ErrorRep
             | Opcode::ReleaseVolume
             | Opcode::SetVolumeAccess
             | Opcode::DropVolume
-            | Opcode::Revoke => Reply::Done,
+            | Opcode::Revoke
+            | Opcode::AttachReader => Reply::Done,
             Opcode::ReadTract => Reply::Read { crcs: Wire::get(r)? },
             Opcode::MappedTract => Reply::Mapped { bitmap: Wire::get(r)? },
             Opcode::DigestTract => Reply::Digest { chunks: get_digest(r)? },

@@ -142,6 +142,7 @@ pub(crate) fn samples() -> Vec<Request> {
         Request::DropVolume { blob: BlobId(9) },
         Request::Revoke { serial: "01ab".into(), name: "vm2".into() },
         Request::GetScope { have_version: 5 },
+        Request::AttachReader { blob: BlobId(9) },
     ]
 }
 
