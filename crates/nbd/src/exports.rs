@@ -98,12 +98,14 @@ impl ClientExports {
     }
 
     /// The scope table, brought up to date (one small request when
-    /// nothing changed). `None` where the cluster does not hand it to
-    /// this server (an older metadata service, or a certificate that may
-    /// not read it): volumes then go by their superblocks' lists.
+    /// nothing changed). When the metadata service does not answer within
+    /// [`SCOPE_WAIT`] (an election, an outage) the table last fetched
+    /// stands, as a tractserver's does; with none fetched yet, the error.
     async fn scope(&self) -> Result<Option<Arc<Scope>>, VolumeError> {
-        let have = self.scope.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map_or(0, |s| s.version);
-        match self.client.scope(have).await {
+        let held = self.scope.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let have = held.as_ref().map_or(0, |s| s.version);
+        let wait = if held.is_some() { SCOPE_WAIT } else { self.client.request_timeout() };
+        match self.client.scope(have, wait).await {
             Ok(Some(t)) => {
                 let t = Arc::new(t);
                 let mut cur = self.scope.lock().unwrap_or_else(|p| p.into_inner());
@@ -112,11 +114,18 @@ impl ClientExports {
                 }
                 Ok(cur.clone())
             }
-            Ok(None) => Ok(self.scope.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+            Ok(None) => Ok(held),
+            Err(e) if held.is_some() => {
+                tracing::debug!(error = %e, "the scope table could not be brought up to date; the one held stands");
+                Ok(held)
+            }
             Err(e) => Err(e.into()),
         }
     }
 }
+
+/// How long a negotiation waits for a newer scope table when it has one.
+const SCOPE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Exports for ClientExports {
     /// Every volume, and every snapshot of an S3 volume as `NAME@SNAP`.

@@ -272,7 +272,7 @@ pub async fn resize(
 /// (Reading the metadata service's lists takes an `admin` or `nbd`
 /// certificate on an authenticated cluster.)
 pub async fn access_of(client: &Client, name: &str) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
-    let scope = client.scope(0).await?;
+    let scope = client.scope(0, client.request_timeout()).await?;
     match registered(scope.as_ref(), name) {
         Some(list) => Ok(list),
         None => Ok(info(client, name).await?.access),

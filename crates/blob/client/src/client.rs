@@ -265,6 +265,11 @@ impl Client {
     }
 
     /// The cached TLT.
+    /// How long one request to the cluster may take (the configuration's).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.inner.cfg.request_timeout
+    }
+
     pub fn tlt(&self) -> Arc<Tlt> {
         match self.inner.tlt.read() {
             Ok(g) => g.clone(),

@@ -94,9 +94,10 @@ impl Client {
         }
     }
 
-    /// The scope table the cluster enforces, if newer than `have_version`.
-    pub async fn scope(&self, have_version: u64) -> Result<Option<Scope>, ClientError> {
-        match self.lease_call(&Request::GetScope { have_version }, self.inner.cfg.request_timeout).await? {
+    /// The scope table the cluster enforces, if newer than `have_version`;
+    /// gives up after `deadline`.
+    pub async fn scope(&self, have_version: u64, deadline: Duration) -> Result<Option<Scope>, ClientError> {
+        match self.lease_call(&Request::GetScope { have_version }, deadline).await? {
             Reply::Scope(s) => Ok(s),
             other => Err(self.unexpected(&other)),
         }

@@ -217,8 +217,12 @@ mod tests {
         assert_eq!(back, table(3));
         // The newest is torn: the one before it is loaded.
         let newest = d.path().join(FILES[1]);
-        let bytes = std::fs::read(&newest).expect("read");
-        std::fs::write(&newest, &bytes[..bytes.len() / 2]).expect("tear");
+        let disk = env.disks.open(&newest, None).await.expect("open");
+        let bytes = disk.read_at(0, disk.len() as usize).await.expect("read");
+        env.disks.remove(&newest).await.expect("remove");
+        let torn = env.disks.open(&newest, Some(bytes.len() as u64 / 2)).await.expect("create");
+        torn.write_at(vec![(0, bytes.slice(..bytes.len() / 2))]).await.expect("tear");
+        torn.sync().await.expect("sync");
         let (_, back) = ScopeStore::open(&env, d.path()).await.expect("reopens");
         assert_eq!(back, table(2));
     }

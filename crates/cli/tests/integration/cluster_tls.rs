@@ -31,18 +31,9 @@ use blizzard_proto::{ErrorCode, Heartbeat, Request};
 use blizzard_rpc::{Conn, RpcError};
 
 use crate::common::{
-    blizzard, free_port, http_get, meta_args, nbd, replica_args, spawn_tractserver_with, tool,
+    blizzard, free_port, http_get, meta_args, nbd, ok, replica_args, s, spawn_tractserver_with, tool,
     DumpLogsOnPanic, Proc, Procs,
 };
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
-
-fn ok((ok, text): (bool, String)) -> String {
-    assert!(ok, "{text}");
-    text
-}
 
 /// Members `blizzard status` shows as up.
 fn members_up(meta: &str, certs: &Path) -> usize {

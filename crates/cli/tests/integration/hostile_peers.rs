@@ -28,7 +28,6 @@
 // Real processes, sockets and time.
 #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,18 +37,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::common::{
-    blizzard, blizzard_bin, free_port, meta_args, replica_args, spawn_tractserver_with, tool,
+    blizzard, blizzard_bin, free_port, meta_args, ok, replica_args, s, spawn_tractserver_with, tool,
     DumpLogsOnPanic, Proc, Procs,
 };
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
-
-fn ok((ok, text): (bool, String)) -> String {
-    assert!(ok, "{text}");
-    text
-}
 
 /// The attack's size (module header).
 #[derive(Clone, Copy, Debug)]

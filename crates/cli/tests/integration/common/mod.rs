@@ -661,6 +661,18 @@ pub fn spawn_tractserver_with(dir: &Path, meta: &str, i: usize, disk_size: &str,
     Proc::spawn(&format!("ts{i}"), &args, dir.join(format!("ts{i}.log")), String::new())
 }
 
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The output of a command that must have succeeded (else the test fails
+/// showing it).
+pub fn ok((ok, text): (bool, String)) -> String {
+    assert!(ok, "{text}");
+    text
+}
+
 /// Runs `blizzard ARGS` to completion: (success, stdout + stderr).
 pub fn blizzard(args: &[&str]) -> (bool, String) {
     let out = Command::new(blizzard_bin()).args(args).output().unwrap();
