@@ -56,11 +56,14 @@ use tokio::sync::Notify;
 use blizzard_env::{Env, Instant};
 
 use crate::cache::{Data, WriteCache};
+use crate::engine::{AllocExtent, Commit, Engine};
 use crate::intent::{IntentGuard, IntentLog};
 use crate::io::{BlobIo, CacheReceipt};
 use crate::retry::{self, Refusal};
 use crate::striping::Striping;
 use crate::superblock::ExposureLimits;
+use crate::superblock::Superblock;
+use crate::write_through;
 use crate::{extent_io, PlantedBug, VolumeError};
 
 struct Op {
@@ -646,6 +649,75 @@ impl FastAck {
         self.run(action);
         self.changed.notify_waiters();
         self.room.notify_one();
+    }
+}
+
+/// The fast-ack engine behind `Volume`.
+impl Engine for Arc<FastAck> {
+    fn read(&self, offset: u64, len: u64) -> futures::future::BoxFuture<'_, Result<Bytes, VolumeError>> {
+        Box::pin(async move {
+            write_through::settle_suspects(self.intent.as_ref(), &self.striping, offset, len).await?;
+            FastAck::read(self, offset, len).await
+        })
+    }
+
+    fn write(
+        &self,
+        offset: u64,
+        data: Data,
+        fua: bool,
+    ) -> futures::future::BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(async move {
+            FastAck::write(self, offset, data).await?;
+            if fua {
+                // FUA: durable before acknowledged. Everything before it
+                // becomes durable too (epoch order).
+                FastAck::flush(self, true).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn flush(&self, durable: bool) -> futures::future::BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(FastAck::flush(self, durable))
+    }
+
+    fn allocation(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> futures::future::BoxFuture<'_, Result<Vec<AllocExtent>, VolumeError>> {
+        // The cache first (`write_through::blob_allocation` says why).
+        let cached = self.cached(offset, len);
+        Box::pin(async move {
+            write_through::blob_allocation(&self.io, &self.striping, offset, len, &cached).await
+        })
+    }
+
+    fn outstanding(&self) -> (u64, u64) {
+        FastAck::outstanding(self)
+    }
+
+    fn resize<'a>(
+        &'a self,
+        next: Superblock,
+        commit: Commit<'a>,
+    ) -> futures::future::BoxFuture<'a, Result<Superblock, VolumeError>> {
+        Box::pin(write_through::grow_in_place(&self.io, &self.striping, self.intent.as_ref(), next, commit))
+    }
+
+    fn quiesce(&self) -> futures::future::BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(async move {
+            FastAck::flush(self, true).await?;
+            match &self.intent {
+                Some(i) => i.close().await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn intent(&self) -> Option<&Arc<IntentLog>> {
+        self.intent.as_ref()
     }
 }
 

@@ -13,7 +13,12 @@
 //!   agree when the volume is opened again.
 //! - `log`: out-of-order log commit: permutation, records, checkpoints,
 //!   roll-forward recovery.
-//! - `volume`: the [`Volume`] handle and the commit modes behind it.
+//! - `volume`: the [`Volume`] handle: range checks, read-only handling,
+//!   the superblock; its engine does the rest.
+//! - `engine`: the [`engine`] trait every commit mode and backend
+//!   implements, and the types they share (a leaf: it imports no engine).
+//! - `write_through`: the write-through engine, and what writing in place
+//!   shares with fast-ack.
 //! - `manage`: create, open, list, resize, delete volumes by name.
 //! - `retry`: retrying a write an engine already acknowledged, until it
 //!   lands or fails for good.
@@ -22,6 +27,7 @@
 
 pub mod access;
 pub mod cache;
+pub(crate) mod engine;
 mod extent_io;
 pub mod fast_ack;
 pub mod intent;
@@ -34,6 +40,7 @@ pub(crate) mod retry;
 pub mod striping;
 pub mod superblock;
 pub mod volume;
+pub(crate) mod write_through;
 
 pub use io::{BlobIo, ClientBlobIo, IoError};
 pub use lsvd::S3Spec;

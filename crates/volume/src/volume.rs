@@ -16,16 +16,17 @@ use blizzard_core::Placement;
 use blizzard_env::Env;
 
 use crate::cache::Data;
-use crate::extent_io;
+use crate::engine::Engine;
+pub use crate::engine::{AllocExtent, Allocation, ALLOCATION_SPAN_MAX};
 use crate::fast_ack::FastAck;
 use crate::intent::{self, IntentLog, Recovery};
 use crate::io::BlobIo;
 use crate::log::{LogEngine, LogGeom};
-use crate::lsvd::LsvdEngine;
 use crate::striping::Striping;
 use crate::superblock::{
     CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
 };
+use crate::write_through::{self, WriteThrough};
 use crate::{PlantedBug, VolumeError};
 
 /// What to create.
@@ -60,64 +61,6 @@ impl VolumeSpec {
     }
 }
 
-/// What a range of the volume holds (see [`Volume::allocation`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Allocation {
-    /// May hold written data.
-    Data,
-    /// Unallocated: reads as zeros and uses no space.
-    Zero,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AllocExtent {
-    pub len: u64,
-    pub state: Allocation,
-}
-
-/// Most bytes one `Volume::allocation` call describes.
-pub const ALLOCATION_SPAN_MAX: u64 = 1 << 30;
-
-/// Consecutive `[start, end)` runs, each data or not, in volume order.
-#[derive(Default)]
-struct Runs(Vec<(u64, u64, bool)>);
-
-impl Runs {
-    /// Appends a run after the last one, merging equal neighbours.
-    fn push(&mut self, start: u64, end: u64, data: bool) {
-        if start >= end {
-            return;
-        }
-        match self.0.last_mut() {
-            Some(last) if last.1 == start && last.2 == data => last.1 = end,
-            _ => self.0.push((start, end, data)),
-        }
-    }
-
-    /// Sets `[start, end)` (inside the runs) to `data`.
-    fn paint(&mut self, start: u64, end: u64, data: bool) {
-        let mut out = Runs::default();
-        for &(a, b, d) in &self.0 {
-            out.push(a, b.min(start).max(a), d);
-            if a < end && start < b {
-                out.push(a.max(start), b.min(end), data);
-            }
-            out.push(a.max(end).min(b), b, d);
-        }
-        *self = out;
-    }
-
-    fn into_extents(self) -> Vec<AllocExtent> {
-        self.0
-            .into_iter()
-            .map(|(a, b, d)| AllocExtent {
-                len: b - a,
-                state: if d { Allocation::Data } else { Allocation::Zero },
-            })
-            .collect()
-    }
-}
-
 /// Default striping unit: large enough that a sequential 1 MiB request is
 /// 16 blob operations, small enough that 4 KiB random I/O stays in one.
 pub const BLOCK_SIZE_DEFAULT: u32 = 64 << 10;
@@ -125,26 +68,16 @@ pub const BLOCK_SIZE_DEFAULT: u32 = 64 << 10;
 /// Smallest volume block: one sector.
 pub const BLOCK_SIZE_MIN: u32 = 512;
 
-enum Engine {
-    WriteThrough,
-    FastAck(Arc<FastAck>),
-    Log(Arc<LogEngine>),
-    /// An S3 volume (`lsvd`): the blob holds only the record.
-    Lsvd(Arc<LsvdEngine>),
-    /// A snapshot of an S3 volume, read-only (`NAME@SNAP`).
-    Snapshot(Arc<blizzard_lsvd::LsvdSnapshot>),
-}
-
+/// A volume: range checks, read-only handling and the superblock here;
+/// everything else is its engine's (`engine`: write-through, fast-ack,
+/// log, an S3 volume or an S3 snapshot).
 pub struct Volume {
     io: Arc<dyn BlobIo>,
     sb: Superblock,
-    striping: Striping,
-    engine: Engine,
-    /// Write-through and fast-ack volumes: which tracts a crash may leave
-    /// different on different replicas (`intent`).
-    intent: Option<Arc<IntentLog>>,
+    engine: Box<dyn Engine>,
     recovery: Recovery,
-    /// Opened without claiming it (`open_read_only`): changes refused.
+    /// Opened without claiming it (`open_read_only`, a snapshot): changes
+    /// refused.
     read_only: bool,
 }
 
@@ -197,7 +130,7 @@ impl Volume {
                 segment_tracts: spec.segment_tracts as u64,
                 first_tract: 1,
             };
-            Self::check_intent_capacity(&st, spec.size_bytes)?;
+            write_through::check_intent_capacity(&st, spec.size_bytes)?;
         }
         if spec.mode == CommitMode::Log {
             LogGeom::plan(spec.size_bytes, bs as u64, tract_size as u64)?;
@@ -213,20 +146,6 @@ impl Volume {
         if name.is_empty() || name.len() > NAME_LEN_MAX || name.contains(['/', '\0', '@']) {
             return Err(VolumeError::Invalid(format!(
                 "name must be 1..={NAME_LEN_MAX} bytes without '/' or '@' ('@' is kept for snapshots: NAME@SNAP)"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A replicated volume's intent bitmap (in tract 0) must have a bit for
-    /// every tract the volume uses.
-    fn check_intent_capacity(st: &Striping, size_bytes: u64) -> Result<(), VolumeError> {
-        let cap = intent::capacity(st.tract_size as u32);
-        let need = st.tracts_for(size_bytes);
-        if need > cap {
-            return Err(VolumeError::Invalid(format!(
-                "a volume of {size_bytes} bytes uses {need} tracts of {} bytes, more than its write-intent bitmap covers ({cap}); use a cluster with larger tracts, or the log commit mode",
-                st.tract_size
             )));
         }
         Ok(())
@@ -390,10 +309,10 @@ impl Volume {
         } else {
             (None, Recovery { writer: claim.writer, ..Recovery::default() })
         };
-        let engine = match sb.mode {
-            CommitMode::WriteThrough => Engine::WriteThrough,
+        let engine: Box<dyn Engine> = match sb.mode {
+            CommitMode::WriteThrough => Box::new(WriteThrough::new(io.clone(), striping, intent)),
             CommitMode::FastAck => {
-                Engine::FastAck(FastAck::new(env, io.clone(), striping, sb.exposure, intent.clone(), planted))
+                Box::new(FastAck::new(env, io.clone(), striping, sb.exposure, intent, planted))
             }
             CommitMode::Log => {
                 let Some(l) = &sb.log else {
@@ -401,10 +320,10 @@ impl Volume {
                 };
                 let geom =
                     LogGeom::from_superblock(l, sb.size_bytes, sb.block_size as u64, io.tract_size() as u64);
-                Engine::Log(LogEngine::open(env, io.clone(), geom, sb.exposure, planted).await?)
+                Box::new(LogEngine::open(env, io.clone(), geom, sb.exposure, planted).await?)
             }
         };
-        Ok(Volume { io, sb, striping, engine, intent, recovery, read_only: false })
+        Ok(Volume { io, sb, engine, recovery, read_only: false })
     }
 
     /// Opens a write-through or fast-ack volume to read its blob as it is,
@@ -425,92 +344,74 @@ impl Volume {
                     .into(),
             ));
         }
-        let striping = striping_for(&sb, io.tract_size());
-        Ok(Volume {
-            io,
-            sb,
-            striping,
-            engine: Engine::WriteThrough,
-            intent: None,
-            recovery: Recovery::default(),
-            read_only: true,
-        })
+        let engine = Box::new(WriteThrough::new(io.clone(), striping_for(&sb, io.tract_size()), None));
+        Ok(Volume { io, sb, engine, recovery: Recovery::default(), read_only: true })
     }
 
     /// An S3 volume's handle: its record in `io`, its engine.
     pub(crate) fn with_lsvd(
         io: Arc<dyn BlobIo>,
         sb: Superblock,
-        engine: Arc<LsvdEngine>,
+        engine: Box<dyn Engine>,
         epoch: u64,
     ) -> Volume {
         let recovery = Recovery { writer: epoch, ..Recovery::default() };
-        Self::s3_handle(io, sb, Engine::Lsvd(engine), recovery, false)
+        Volume { io, sb, engine, recovery, read_only: false }
     }
 
     /// A snapshot of an S3 volume's handle: read-only, no lease.
-    pub(crate) fn with_lsvd_snapshot(
-        io: Arc<dyn BlobIo>,
-        sb: Superblock,
-        snapshot: Arc<blizzard_lsvd::LsvdSnapshot>,
-    ) -> Volume {
-        Self::s3_handle(io, sb, Engine::Snapshot(snapshot), Recovery::default(), true)
-    }
-
-    /// An S3 volume's (or snapshot's) handle: the blob holds only its record.
-    fn s3_handle(
-        io: Arc<dyn BlobIo>,
-        sb: Superblock,
-        engine: Engine,
-        recovery: Recovery,
-        read_only: bool,
-    ) -> Volume {
-        let striping = striping_for(&sb, io.tract_size());
-        Volume { io, sb, striping, engine, intent: None, recovery, read_only }
+    pub(crate) fn with_lsvd_snapshot(io: Arc<dyn BlobIo>, sb: Superblock, engine: Box<dyn Engine>) -> Volume {
+        Volume { io, sb, engine, recovery: Recovery::default(), read_only: true }
     }
 
     /// Takes snapshot `name` of this S3 volume (design 0008): every write
     /// acknowledged before the call is in it. Returns the object seq it
     /// names.
     pub async fn snapshot(&self, name: &str) -> Result<u64, VolumeError> {
-        match &self.engine {
-            Engine::Lsvd(l) if !self.read_only => l.snapshot(name).await,
-            _ => Err(VolumeError::Unsupported(format!(
+        self.writable("take snapshots")?;
+        self.engine.snapshot(name).await.map_err(|e| match e {
+            VolumeError::Unsupported(_) => VolumeError::Unsupported(format!(
                 "volume {:?}: only S3 volumes opened for writing take snapshots",
                 self.sb.name
-            ))),
+            )),
+            e => e,
+        })
+    }
+
+    /// Refuses a change to a volume opened read-only.
+    fn writable(&self, what: &str) -> Result<(), VolumeError> {
+        if self.read_only {
+            return Err(VolumeError::Unsupported(format!(
+                "volume {:?} was opened read-only: it cannot {what}",
+                self.sb.name
+            )));
         }
+        Ok(())
     }
 
     /// Deletes snapshot `name` of this S3 volume (refused while a clone
     /// reads it).
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), VolumeError> {
-        match &self.engine {
-            Engine::Lsvd(l) if !self.read_only => l.delete_snapshot(name).await,
-            _ => Err(VolumeError::Unsupported(format!(
+        self.writable("delete snapshots")?;
+        self.engine.delete_snapshot(name).await.map_err(|e| match e {
+            VolumeError::Unsupported(_) => VolumeError::Unsupported(format!(
                 "volume {:?}: only S3 volumes opened for writing have snapshots to delete",
                 self.sb.name
-            ))),
-        }
+            )),
+            e => e,
+        })
     }
 
     /// An S3 volume's own figures (what is not yet in the object store,
     /// the cache's use), or `None` for a volume in its blob.
     pub fn lsvd_info(&self) -> Option<blizzard_lsvd::Info> {
-        match &self.engine {
-            Engine::Lsvd(l) => Some(l.volume().info()),
-            _ => None,
-        }
+        self.engine.s3_info()
     }
 
     /// An S3 volume's requests to its object store so far, or `None` for a
     /// volume in its blob.
     pub fn lsvd_counts(&self) -> Option<blizzard_lsvd::store::CountsNow> {
-        match &self.engine {
-            Engine::Lsvd(l) => Some(l.volume().counts().now()),
-            Engine::Snapshot(s) => Some(s.counts().now()),
-            _ => None,
-        }
+        self.engine.s3_counts()
     }
 
     /// What opening found and did: the writer epoch claimed, and the
@@ -526,7 +427,7 @@ impl Volume {
 
     /// The intent log, for write-through and fast-ack volumes.
     pub fn intent(&self) -> Option<&Arc<IntentLog>> {
-        self.intent.as_ref()
+        self.engine.intent()
     }
 
     /// Grows the volume to `size_bytes`. The superblock write is the
@@ -534,58 +435,20 @@ impl Volume {
     /// A log volume also gets a bigger log first (`LogEngine::grow`;
     /// design 0003, "Resizing a log volume").
     pub async fn resize(&mut self, size_bytes: u64) -> Result<(), VolumeError> {
-        if self.read_only {
-            return Err(VolumeError::Unsupported("this volume was opened read-only".into()));
-        }
+        self.writable("be resized")?;
         if size_bytes < self.sb.size_bytes {
             return Err(VolumeError::Invalid("volumes can only grow".into()));
         }
         if !size_bytes.is_multiple_of(512) {
             return Err(VolumeError::Invalid("size must be a multiple of 512 bytes".into()));
         }
-        let mut sb = self.sb.clone();
-        sb.size_bytes = size_bytes;
-        sb.generation += 1;
-        match &self.engine {
-            Engine::Log(l) => {
-                let geom = l.geom();
-                if size_bytes.div_ceil(geom.block_size) > geom.vblocks {
-                    let new = geom.grow(size_bytes)?;
-                    let moved = new.ckpt_tracts != geom.ckpt_tracts;
-                    sb.log = Some(new.superblock_part());
-                    let (io, next) = (self.io.clone(), sb.clone());
-                    l.grow(new, async move { Self::write_superblock(&io, &next).await }).await?;
-                    if moved {
-                        // The superblock is durable on every replica: no
-                        // open can pick the old geometry again, so its
-                        // slots are free. Best effort: a crash here only
-                        // leaves their space in use.
-                        for &first in &geom.ckpt_tracts {
-                            for t in first..first + geom.ckpt_slot_tracts {
-                                if let Err(e) = self.io.trim(t, 0, geom.tract_size as u32).await {
-                                    tracing::warn!(tract = t, error = %e, "could not release an old checkpoint slot");
-                                }
-                            }
-                        }
-                    }
-                } else {
-                    // Still inside the last block: the log is unchanged and
-                    // the bytes gained were never writable, so read as zeros.
-                    Self::write_superblock(&self.io, &sb).await?;
-                }
-            }
-            Engine::Lsvd(_) | Engine::Snapshot(_) => {
-                return Err(VolumeError::Unsupported("S3 volumes cannot be resized yet".into()));
-            }
-            Engine::WriteThrough | Engine::FastAck(_) => {
-                if self.intent.is_some() {
-                    Self::check_intent_capacity(&self.striping, size_bytes)?;
-                }
-                self.io.extend_to(self.striping.tracts_for(size_bytes)).await?;
-                Self::write_superblock(&self.io, &sb).await?;
-            }
-        }
-        self.sb = sb;
+        let mut next = self.sb.clone();
+        next.size_bytes = size_bytes;
+        next.generation += 1;
+        let io = self.io.clone();
+        let commit: crate::engine::Commit<'_> =
+            Box::new(move |sb: Superblock| Box::pin(async move { Self::write_superblock(&io, &sb).await }));
+        self.sb = self.engine.resize(next, commit).await?;
         Ok(())
     }
 
@@ -595,12 +458,7 @@ impl Volume {
         &mut self,
         change: &crate::access::AccessChange,
     ) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
-        if self.read_only {
-            return Err(VolumeError::Unsupported("this volume was opened read-only".into()));
-        }
-        if matches!(self.engine, Engine::Snapshot(_)) {
-            return Err(VolumeError::Unsupported("a snapshot has its volume's access list".into()));
-        }
+        self.writable("change its access list")?;
         let mut sb = self.sb.clone();
         sb.access = crate::access::apply(&sb.access, change).map_err(VolumeError::Invalid)?;
         sb.generation += 1;
@@ -633,60 +491,16 @@ impl Volume {
         if len == 0 {
             return Ok(Bytes::new());
         }
-        if let Some(i) = self.intent.as_ref().filter(|i| i.has_suspects()) {
-            // A failed write may have left these tracts different on
-            // different replicas: make them agree before reading them.
-            i.settle(&self.striping.tracts(offset, len)).await?;
-        }
-        match &self.engine {
-            Engine::WriteThrough => Ok(extent_io::read(&self.io, &self.striping, offset, len).await?),
-            Engine::FastAck(f) => f.read(offset, len).await,
-            Engine::Log(l) => l.read(offset, len).await,
-            Engine::Lsvd(l) => l.read(offset, len).await,
-            Engine::Snapshot(s) => Ok(s.read(offset, len).await?),
-        }
+        self.engine.read(offset, len).await
     }
 
     async fn put(&self, offset: u64, data: Data, fua: bool) -> Result<(), VolumeError> {
         self.check(offset, data.len())?;
-        if self.read_only {
-            return Err(VolumeError::Unsupported("this volume was opened read-only".into()));
-        }
+        self.writable("be written")?;
         if data.is_empty() {
             return Ok(());
         }
-        match &self.engine {
-            Engine::WriteThrough => match &self.intent {
-                None => Ok(extent_io::write(&self.io, &self.striping, offset, &data).await?),
-                Some(i) => {
-                    let guard = i.enter(&self.striping.tracts(offset, data.len())).await?;
-                    let r = extent_io::write(&self.io, &self.striping, offset, &data).await;
-                    guard.finish(r.is_ok());
-                    Ok(r?)
-                }
-            },
-            Engine::FastAck(f) => {
-                f.write(offset, data).await?;
-                if fua {
-                    // FUA: durable before acknowledged. Everything before it
-                    // becomes durable too (epoch order).
-                    f.flush(true).await?;
-                }
-                Ok(())
-            }
-            Engine::Log(l) => {
-                l.write(offset, data).await?;
-                if fua {
-                    l.flush(true).await?;
-                }
-                Ok(())
-            }
-            Engine::Lsvd(l) => match data {
-                Data::Bytes(b) => l.write(offset, b, fua).await,
-                Data::Zero(len) => l.zero(offset, len, fua).await,
-            },
-            Engine::Snapshot(_) => unreachable!("a snapshot is opened read-only"),
-        }
+        self.engine.write(offset, data, fua).await
     }
 
     /// Writes `data` at `offset`. With `fua`, durable when it returns.
@@ -718,14 +532,7 @@ impl Volume {
         if self.read_only {
             return Ok(());
         }
-        match &self.engine {
-            Engine::WriteThrough => Ok(()),
-            Engine::FastAck(f) => f.flush(durable).await,
-            Engine::Log(l) => l.flush(durable).await,
-            // Every flush is durable: one fdatasync of the journal.
-            Engine::Lsvd(l) => l.flush().await,
-            Engine::Snapshot(_) => Ok(()),
-        }
+        self.engine.flush(durable).await
     }
 
     /// What `[offset, offset + len)` holds, as consecutive extents from
@@ -741,81 +548,12 @@ impl Volume {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let mut runs = Runs::default();
-        // Fast-ack's acknowledged writes not yet durable, taken before the
-        // blob is asked: an entry leaves this cache only once its write is
-        // on the blob, so every acknowledged write is in the snapshot or in
-        // the bitmaps read after it (the other order could miss a write that
-        // finished in between).
-        if let Engine::Lsvd(l) = &self.engine {
-            return l.allocation(offset, len);
-        }
-        if let Engine::Snapshot(s) = &self.engine {
-            return Ok(s
-                .allocation(offset, len)?
-                .into_iter()
-                .map(|(len, data)| AllocExtent {
-                    len,
-                    state: if data { Allocation::Data } else { Allocation::Zero },
-                })
-                .collect());
-        }
-        let fast_ack_cached = match &self.engine {
-            Engine::FastAck(f) => f.cached(offset, len),
-            _ => Vec::new(),
-        };
-        let cached = match &self.engine {
-            Engine::WriteThrough | Engine::FastAck(_) => {
-                let pieces = self.striping.pieces(offset, len);
-                let tracts: std::collections::BTreeSet<u64> = pieces.iter().map(|p| p.tract).collect();
-                let maps = futures::future::join_all(tracts.iter().map(|&t| self.io.mapped(t))).await;
-                let mut bitmaps = std::collections::HashMap::new();
-                for (t, m) in tracts.into_iter().zip(maps) {
-                    bitmaps.insert(t, m?);
-                }
-                let chunk = blizzard_core::limits::CHUNK_SIZE as u64;
-                for p in &pieces {
-                    let bm = bitmaps.get(&p.tract).map(Vec::as_slice).unwrap_or(&[]);
-                    let (mut at, end) = (p.offset as u64, p.offset as u64 + p.len as u64);
-                    while at < end {
-                        let c = at / chunk;
-                        let next = ((c + 1) * chunk).min(end);
-                        let data = bm.get((c / 8) as usize).is_some_and(|b| b >> (c % 8) & 1 == 1);
-                        let vol_at = offset + p.buf_at as u64 + (at - p.offset as u64);
-                        runs.push(vol_at, vol_at + (next - at), data);
-                        at = next;
-                    }
-                }
-                fast_ack_cached
-            }
-            Engine::Log(l) => {
-                let bs = self.sb.block_size as u64;
-                let (mapped, cached) = l.allocation(offset, len);
-                let first = offset / bs;
-                for (i, m) in mapped.into_iter().enumerate() {
-                    let b = (first + i as u64) * bs;
-                    runs.push(b.max(offset), (b + bs).min(offset + len), m);
-                }
-                cached
-            }
-            Engine::Lsvd(_) | Engine::Snapshot(_) => unreachable!("answered above"),
-        };
-        for (at, d) in &cached {
-            runs.paint(*at, *at + d.len(), matches!(d, Data::Bytes(_)));
-        }
-        Ok(runs.into_extents())
+        self.engine.allocation(offset, len).await
     }
 
     /// Undurable writes and bytes (0 in write-through mode).
     pub fn outstanding(&self) -> (u64, u64) {
-        match &self.engine {
-            Engine::WriteThrough => (0, 0),
-            Engine::FastAck(f) => f.outstanding(),
-            Engine::Log(l) => l.outstanding(),
-            // Acknowledged writes are in the journal (durable at the next
-            // flush); `lsvd_info` says what is not in the object store.
-            Engine::Lsvd(_) | Engine::Snapshot(_) => (0, 0),
-        }
+        self.engine.outstanding()
     }
 
     /// Makes everything durable and closes the volume: a clean close,
@@ -831,11 +569,7 @@ impl Volume {
     /// is not durable yet must not be handed to another writer.
     pub async fn release(&self) -> Result<(), VolumeError> {
         self.quiesce().await?;
-        if let Engine::Lsvd(l) = &self.engine {
-            // Destage what the journal holds, so the next open need not be
-            // on this host; then stop the destager.
-            l.close().await?;
-        }
+        self.engine.close().await?;
         if !self.read_only {
             self.io.release().await?;
         }
@@ -846,11 +580,10 @@ impl Volume {
     /// clears the intent bits of every tract no write is in flight on, so
     /// the next open has nothing to reconcile. The volume stays usable.
     pub async fn quiesce(&self) -> Result<(), VolumeError> {
-        self.flush_durable().await?;
-        if let Some(i) = &self.intent {
-            i.close().await?;
+        if self.read_only {
+            return Ok(());
         }
-        Ok(())
+        self.engine.quiesce().await
     }
 }
 

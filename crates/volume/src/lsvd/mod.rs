@@ -38,13 +38,16 @@ use blizzard_lsvd::{
 
 pub mod control;
 
+use crate::cache::Data;
+use crate::engine::{AllocExtent, Commit, Engine};
 use crate::io::BlobIo;
 use crate::superblock::{
     Backend, CommitMode, ExposureLimits, FlushPolicy, S3Backend, Superblock, CACHE_DIR_LEN_MAX,
     S3_URL_LEN_MAX,
 };
-use crate::volume::{AllocExtent, Allocation, VolumeSpec};
+use crate::volume::VolumeSpec;
 use crate::{ErrorKind, Volume, VolumeError};
+use futures::future::BoxFuture;
 
 /// The journal's file name in the cache directory.
 pub const CACHE_FILE: &str = "journal";
@@ -326,7 +329,7 @@ fn wrap(env: Env, io: Arc<dyn BlobIo>, sb: Superblock, v: LsvdVolume) -> Volume 
     });
     let task = control::spawn(env, &cache_dir, Arc::downgrade(&engine));
     *engine.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-    Volume::with_lsvd(io, sb, engine, epoch)
+    Volume::with_lsvd(io, sb, Box::new(engine), epoch)
 }
 
 /// Opens snapshot `snapshot` of the S3 volume recorded in `sb`, read-only
@@ -344,7 +347,7 @@ pub(crate) async fn open_snapshot(
     })?;
     let mut sb = sb;
     sb.name = format!("{}@{snapshot}", sb.name);
-    Ok(Volume::with_lsvd_snapshot(io, sb, Arc::new(s)))
+    Ok(Volume::with_lsvd_snapshot(io, sb, Box::new(SnapshotEngine(s))))
 }
 
 /// The snapshots of the S3 volume recorded in `sb`, oldest first, with the
@@ -520,17 +523,14 @@ impl LsvdEngine {
             .vol
             .allocation(offset, len)?
             .into_iter()
-            .map(|(len, data)| AllocExtent {
-                len,
-                state: if data { Allocation::Data } else { Allocation::Zero },
-            })
+            .map(|(len, data)| AllocExtent::new(len, data))
             .collect())
     }
 
     /// A clean close: flush, destage (bounded), stop the destager. What
     /// the bound leaves is in the journal, durable, for the next open on
     /// this host; a volume that failed returns its failure.
-    pub(crate) async fn close(&self) -> Result<(), VolumeError> {
+    pub(crate) async fn shut(&self) -> Result<(), VolumeError> {
         self.stop_control().await;
         self.vol.flush().await?;
         match self.env.timeout(CLOSE_DRAIN_MAX, self.vol.drain()).await {
@@ -543,6 +543,99 @@ impl LsvdEngine {
             ),
         }
         Ok(self.vol.close().await?)
+    }
+}
+
+/// An S3 volume behind `Volume`.
+impl Engine for Arc<LsvdEngine> {
+    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, VolumeError>> {
+        Box::pin(LsvdEngine::read(self, offset, len))
+    }
+
+    fn write(&self, offset: u64, data: Data, fua: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(async move {
+            match data {
+                Data::Bytes(b) => LsvdEngine::write(self, offset, b, fua).await,
+                Data::Zero(len) => self.zero(offset, len, fua).await,
+            }
+        })
+    }
+
+    /// Every flush is durable: one `fdatasync` of the journal.
+    fn flush(&self, _durable: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(LsvdEngine::flush(self))
+    }
+
+    fn allocation(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Vec<AllocExtent>, VolumeError>> {
+        let r = LsvdEngine::allocation(self, offset, len);
+        Box::pin(async move { r })
+    }
+
+    fn resize<'a>(
+        &'a self,
+        _next: crate::Superblock,
+        _commit: Commit<'a>,
+    ) -> BoxFuture<'a, Result<crate::Superblock, VolumeError>> {
+        Box::pin(async { Err(VolumeError::Unsupported("S3 volumes cannot be resized yet".into())) })
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<(), VolumeError>> {
+        // Destage what the journal holds, so the next open need not be on
+        // this host; then stop the destager.
+        Box::pin(self.shut())
+    }
+
+    fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(LsvdEngine::snapshot(self, name))
+    }
+
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>> {
+        Box::pin(LsvdEngine::delete_snapshot(self, name))
+    }
+
+    fn s3_info(&self) -> Option<blizzard_lsvd::Info> {
+        Some(self.vol.info())
+    }
+
+    fn s3_counts(&self) -> Option<blizzard_lsvd::store::CountsNow> {
+        Some(self.vol.counts().now())
+    }
+}
+
+/// A snapshot of an S3 volume (`NAME@SNAP`), read-only, behind `Volume`.
+pub(crate) struct SnapshotEngine(pub(crate) LsvdSnapshot);
+
+impl Engine for SnapshotEngine {
+    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, VolumeError>> {
+        Box::pin(async move { Ok(self.0.read(offset, len).await?) })
+    }
+
+    fn write(&self, _offset: u64, _data: Data, _fua: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(async { Err(VolumeError::Unsupported("a snapshot is read-only".into())) })
+    }
+
+    fn flush(&self, _durable: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn allocation(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Vec<AllocExtent>, VolumeError>> {
+        let r = self
+            .0
+            .allocation(offset, len)
+            .map(|v| v.into_iter().map(|(len, data)| AllocExtent::new(len, data)).collect());
+        Box::pin(async move { Ok(r?) })
+    }
+
+    fn resize<'a>(
+        &'a self,
+        _next: crate::Superblock,
+        _commit: Commit<'a>,
+    ) -> BoxFuture<'a, Result<crate::Superblock, VolumeError>> {
+        Box::pin(async { Err(VolumeError::Unsupported("a snapshot is read-only".into())) })
+    }
+
+    fn s3_counts(&self) -> Option<blizzard_lsvd::store::CountsNow> {
+        Some(self.0.counts().now())
     }
 }
 
