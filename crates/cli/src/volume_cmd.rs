@@ -127,11 +127,13 @@ pub(crate) enum VolumeCmd {
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
     },
-    /// Take a snapshot of an S3 volume: the volume as it is now (every
-    /// write acknowledged before the command), kept read-only while the
-    /// volume moves on. O(1): no data is copied. Served as the export
-    /// NAME@SNAP by `blizzard nbd`; works while the volume is served (on
-    /// the host that serves it: the command asks that process).
+    /// Take a snapshot of a volume: the volume as it is now (every write
+    /// acknowledged before the command), kept read-only while the volume
+    /// moves on. No data is copied: a volume in the blob store freezes its
+    /// layer and writes a new one (design 0011), an S3 volume names a
+    /// point of its log (design 0008). Served as the export NAME@SNAP by
+    /// `blizzard nbd`; works while the volume is served (on the host that
+    /// serves it: the command asks that process).
     Snapshot {
         name: String,
         snapshot: String,
@@ -273,6 +275,25 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                     sb.replication,
                     format_size(sb.block_size as u64)
                 );
+                if s3.is_none() && sb.layers.is_some() {
+                    match manage::snapshots(&client, &sb.name).await {
+                        Ok(snaps) => {
+                            for snap in snaps {
+                                println!(
+                                    "{:<24} {:>12} {:<14} {:<8} {:>4} {:>10}  holds {} alone",
+                                    format!("{}@{}", sb.name, snap.name),
+                                    format_size(snap.size_bytes),
+                                    "snapshot",
+                                    "-",
+                                    sb.replication,
+                                    "-",
+                                    format_size(snap.held_bytes)
+                                );
+                            }
+                        }
+                        Err(e) => println!("{:<24} snapshots cannot be read: {e}", format!("{}@", sb.name)),
+                    }
+                }
                 if let Some(Ok((snaps, _))) = &s3 {
                     for snap in snaps {
                         let clones = if snap.clones.is_empty() {
@@ -377,10 +398,21 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         }
         VolumeCmd::Snapshot { name, snapshot, meta } => {
             let client = connect(&env, &meta).await?;
-            let (seq, via) = manage::snapshot(env, &client, &name, &snapshot)
+            let s3 = manage::info(&client, &name).await.map(|sb| sb.backend.s3().is_some()).unwrap_or(false);
+            let started = env.now();
+            let (seq, via) = manage::snapshot(env.clone(), &client, &name, &snapshot)
                 .await
                 .with_context(|| format!("cannot take snapshot {name}@{snapshot}"))?;
-            println!("snapshot {name}@{snapshot}: the volume as of object {seq}{}", via_note(via));
+            let took = env.now().duration_since(started).as_secs_f64() * 1000.0;
+            if s3 {
+                println!("snapshot {name}@{snapshot}: the volume as of object {seq}{}", via_note(via));
+            } else {
+                println!(
+                    "snapshot {name}@{snapshot}: the volume as it was, layer {} frozen, in {took:.1} ms{}",
+                    seq.saturating_sub(1),
+                    via_note(via)
+                );
+            }
             println!(
                 "read it with: nbdinfo nbd://HOST:PORT/{name}@{snapshot} (served read-only by blizzard nbd)"
             );

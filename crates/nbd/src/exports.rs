@@ -128,9 +128,8 @@ impl ClientExports {
 const SCOPE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Exports for ClientExports {
-    /// Every volume, and every snapshot of an S3 volume as `NAME@SNAP`.
-    /// Every volume, and every snapshot of an S3 volume as `NAME@SNAP`
-    /// (with its volume's access list).
+    /// Every volume, and every snapshot as `NAME@SNAP` (with its volume's
+    /// access list).
     fn list(&self) -> BoxFuture<'_, Result<Vec<Listed>, VolumeError>> {
         async move {
             let scope = self.scope().await?;
@@ -149,6 +148,14 @@ impl Exports for ClientExports {
                             name: format!("{}@{}", sb.name, s.name),
                             access: sb.access.clone(),
                         }));
+                    }
+                } else if sb.layers.is_some() {
+                    match manage::snapshot_names(&self.client, &sb).await {
+                        Ok(names) => out.extend(names.into_iter().map(|s| Listed {
+                            name: format!("{}@{s}", sb.name),
+                            access: sb.access.clone(),
+                        })),
+                        Err(e) => tracing::warn!(volume = %sb.name, error = %e, "its snapshots are left out of the list"),
                     }
                 }
                 out.push(Listed { name: sb.name, access: sb.access });
@@ -179,8 +186,8 @@ impl Exports for ClientExports {
 
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
         async move {
-            // `NAME@SNAP`: a snapshot of an S3 volume, always read-only
-            // (volume names cannot hold '@').
+            // `NAME@SNAP`: a snapshot, always read-only (volume names
+            // cannot hold '@').
             if let Some((volume, snapshot)) = name.split_once('@') {
                 return manage::open_snapshot(&self.client, volume, snapshot).await;
             }
@@ -235,7 +242,15 @@ impl Registry {
     /// first uses wait for one open.
     pub(crate) async fn get(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
         let slot = self.lock().entry(name.to_string()).or_default().clone();
-        let r = slot.get_or_try_init(|| async { self.exports.open(name).await.map(Arc::new) }).await.cloned();
+        let r = slot
+            .get_or_try_init(|| async {
+                let v = Arc::new(self.exports.open(name).await?);
+                // `blizzard volume snapshot` on this host reaches it here.
+                v.serve_control();
+                Ok(v)
+            })
+            .await
+            .cloned();
         if r.is_err() {
             // Forget a failed name so probing unknown names cannot grow the
             // map; a later attempt opens afresh.

@@ -22,11 +22,16 @@
 //! - `manage`: create, open, list, resize, delete volumes by name.
 //! - `retry`: retrying a write an engine already acknowledged, until it
 //!   lands or fails for good.
+//! - `snap`: snapshots of volumes in the blob store (design 0011): a
+//!   stack of layers in the volume's blob, and the catalog naming them.
+//! - `control`: the control socket through which commands reach the
+//!   process serving a volume (snapshots).
 //! - `lsvd`: S3 volumes (design 0008): an LSVD volume behind the same
 //!   [`Volume`] handle, its blob holding only the record.
 
 pub mod access;
 pub mod cache;
+pub mod control;
 pub(crate) mod engine;
 mod extent_io;
 pub mod fast_ack;
@@ -37,6 +42,7 @@ pub mod log;
 pub mod lsvd;
 pub mod manage;
 pub(crate) mod retry;
+pub mod snap;
 pub mod striping;
 pub mod superblock;
 pub mod volume;

@@ -350,28 +350,32 @@ async fn s3_record(client: &Client, name: &str) -> Result<Superblock, VolumeErro
     let sb = info(client, name).await?;
     if sb.backend.s3().is_none() {
         return Err(VolumeError::Unsupported(format!(
-            "volume {name:?} is in the blob store: snapshots and clones are for S3 volumes (--backend s3)"
+            "volume {name:?} is in the blob store: clones are for S3 volumes (--backend s3) so far"
         )));
     }
     Ok(sb)
 }
 
-/// Runs `req` on S3 volume `name`: through the process that serves it on
-/// this host (its control socket in the cache directory), or, when no
-/// process serves it, by opening it here under its lease. A volume served
-/// on another host is refused, naming the holder.
+/// Runs `req` on volume `name`: through the process that serves it on
+/// this host (its control socket: an S3 volume's in its cache directory,
+/// a blob volume's in the run directory), or, when no process serves it,
+/// by opening it here under its lease. A volume served on another host is
+/// refused, naming the holder.
 async fn through_writer<T>(
     env: &Env,
     client: &Client,
     name: &str,
-    req: crate::lsvd::control::Request,
+    req: crate::control::Request,
     parse: impl Fn(&str) -> Result<T, VolumeError>,
     here: impl for<'a> FnOnce(&'a Volume) -> futures::future::BoxFuture<'a, Result<T, VolumeError>>,
 ) -> Result<(T, Via), VolumeError> {
-    use crate::lsvd::control::{ask, Reply};
-    let sb = s3_record(client, name).await?;
-    let dir = sb.backend.s3().map(|s| s.cache_dir.clone()).unwrap_or_default();
-    match ask(env, &dir, &req).await? {
+    use crate::control::{ask, Reply};
+    let sb = info(client, name).await?;
+    let socket = match sb.backend.s3() {
+        Some(s3) => crate::control::socket_path(&s3.cache_dir),
+        None => crate::control::blob_socket_path(blob_id(name)),
+    };
+    match ask(env, &socket, &req).await? {
         Some(Reply::Ok(detail)) => return Ok((parse(&detail)?, Via::Server)),
         Some(Reply::Error(m)) => return Err(VolumeError::Refused(m)),
         None => {}
@@ -380,8 +384,8 @@ async fn through_writer<T>(
         Ok(v) => v,
         Err(VolumeError::Held { holder, .. }) => {
             return Err(VolumeError::Refused(format!(
-                "volume {name:?} is served by {holder}, which has no control socket at {}: run this command on the host that serves it, or stop that server first",
-                crate::lsvd::control::socket_path(&dir).display()
+                "volume {name:?} is served by {holder}, which has no control socket at {}: run this command on the host that serves it (with the same BLIZZARD_RUN_DIR), or stop that server first",
+                socket.display()
             )))
         }
         Err(e) => return Err(e),
@@ -391,15 +395,17 @@ async fn through_writer<T>(
     Ok((r?, Via::Opened))
 }
 
-/// Takes snapshot `snapshot` of S3 volume `name` (design 0008), whether
-/// or not a process serves it. Returns the object seq it names.
+/// Takes snapshot `snapshot` of volume `name` (designs 0008 and 0011),
+/// whether or not a process serves it. Returns what names its point: an
+/// S3 volume's object seq, a blob volume's new head layer.
 pub async fn snapshot(
     env: Env,
     client: &Client,
     name: &str,
     snapshot: &str,
 ) -> Result<(u64, Via), VolumeError> {
-    use crate::lsvd::control::Request;
+    use crate::control::Request;
+    blizzard_lsvd::format::check_snapshot_name(snapshot).map_err(VolumeError::Invalid)?;
     let owned = snapshot.to_string();
     through_writer(
         &env,
@@ -412,7 +418,7 @@ pub async fn snapshot(
     .await
 }
 
-/// Deletes snapshot `snapshot` of S3 volume `name` (refused while a clone
+/// Deletes snapshot `snapshot` of volume `name` (refused while a clone
 /// reads it), whether or not a process serves the volume.
 pub async fn delete_snapshot(
     env: Env,
@@ -420,7 +426,7 @@ pub async fn delete_snapshot(
     name: &str,
     snapshot: &str,
 ) -> Result<Via, VolumeError> {
-    use crate::lsvd::control::Request;
+    use crate::control::Request;
     let owned = snapshot.to_string();
     let ((), via) = through_writer(
         &env,
@@ -434,18 +440,34 @@ pub async fn delete_snapshot(
     Ok(via)
 }
 
-/// Opens snapshot `snapshot` of S3 volume `name` read-only (the export
+/// The names of blob-store volume `name`'s snapshots, oldest first (its
+/// catalog only: cheaper than [`snapshots`]).
+pub async fn snapshot_names(client: &Client, sb: &Superblock) -> Result<Vec<String>, VolumeError> {
+    if sb.layers.is_none() {
+        return Ok(Vec::new());
+    }
+    let blob = find_blob(client, &sb.name).await.map_err(not_found(&sb.name))?;
+    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    crate::snap::stack::names(&io, sb).await
+}
+
+/// The snapshots of blob-store volume `name`, oldest first, with the
+/// space each alone holds (an S3 volume's are `lsvd::snapshots`).
+pub async fn snapshots(
+    client: &Client,
+    name: &str,
+) -> Result<Vec<crate::snap::stack::SnapshotInfo>, VolumeError> {
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
+    let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
+    Volume::snapshots(&io).await
+}
+
+/// Opens snapshot `snapshot` of volume `name` read-only (the export
 /// `NAME@SNAP`): no lease, nothing written.
 pub async fn open_snapshot(client: &Client, name: &str, snapshot: &str) -> Result<Volume, VolumeError> {
-    let blob = client.open_blob(blob_id(name)).await.map_err(not_found(name))?;
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
     let io: Arc<dyn BlobIo> = ClientBlobIo::new(blob);
-    let sb = Volume::inspect(&io).await?;
-    if sb.backend.s3().is_none() {
-        return Err(VolumeError::NotFound(format!(
-            "{name}@{snapshot} (volume {name:?} is not an S3 volume)"
-        )));
-    }
-    crate::lsvd::open_snapshot(io, sb, snapshot).await
+    Volume::open_snapshot(client.env().clone(), io, snapshot).await
 }
 
 /// Creates S3 volume `new` as a clone of snapshot `snapshot` of S3 volume

@@ -12,10 +12,12 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"BLZVOLUM";
 /// its checkpoints (several log extents); format 3 a volume whose data is
 /// elsewhere (an LSVD volume in an object store: [`Backend::S3`]), the blob
 /// holding only this record; format 4 a volume with an access list
-/// (`crate::access`). Each is written with the lowest format that
+/// (`crate::access`); format 5 a volume with snapshots, whose data is a
+/// stack of layers in its blob (`layers`, design 0011). Each is written
+/// with the lowest format that
 /// holds it, so older builds refuse what they cannot serve by version
 /// instead of misreading it, and read everything else as before.
-pub const SUPERBLOCK_FORMAT: u32 = 4;
+pub const SUPERBLOCK_FORMAT: u32 = 5;
 /// Most extents a log's physical blocks may span (each resize that moves
 /// the checkpoints adds one); bounds what decoding allocates.
 pub const LOG_EXTENTS_MAX: usize = 64;
@@ -197,6 +199,17 @@ pub struct Superblock {
     pub backend: Backend,
     /// Who may use the volume (format 4 when not empty; `access`).
     pub access: Vec<AccessEntry>,
+    /// Where the catalog of its layers and snapshots is, once it has had a
+    /// snapshot (format 5; `snap`, design 0011).
+    pub layers: Option<LayersRef>,
+}
+
+/// Where a volume's snapshot catalog is: two slots of `slot_tracts`
+/// tracts each, the first at blob tract `catalog`, the second right after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayersRef {
+    pub catalog: u64,
+    pub slot_tracts: u64,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -332,6 +345,10 @@ impl Superblock {
                 e.u8(if a.read_only { 2 } else { 1 });
             }
         }
+        if let Some(l) = &self.layers {
+            e.u64(l.catalog);
+            e.u64(l.slot_tracts);
+        }
         let body_len = e.0.len();
         let mut b = e.0;
         b.resize(SUPERBLOCK_COPY_LEN as usize - 8, 0);
@@ -429,8 +446,8 @@ impl Superblock {
         if format >= 4 {
             let n = d.u8()? as usize;
             // Bounded before reading; an empty list is written as format 3
-            // or lower.
-            if n == 0 || n > ACCESS_ENTRIES_MAX {
+            // or lower, unless format 5 needs the bytes after it.
+            if (n == 0 && format == 4) || n > ACCESS_ENTRIES_MAX {
                 return Err(SuperblockError::Field("access"));
             }
             for _ in 0..n {
@@ -448,6 +465,15 @@ impl Superblock {
                 access.push(AccessEntry { identity, read_only });
             }
         }
+        let layers = if format >= 5 {
+            let l = LayersRef { catalog: d.u64()?, slot_tracts: d.u64()? };
+            if l.catalog == 0 || l.slot_tracts == 0 || backend != Backend::Blob {
+                return Err(SuperblockError::Field("layers"));
+            }
+            Some(l)
+        } else {
+            None
+        };
         if block_size == 0 || !block_size.is_power_of_two() || segment_tracts == 0 || replication == 0 {
             return Err(SuperblockError::Field("geometry"));
         }
@@ -465,12 +491,17 @@ impl Superblock {
             log,
             backend,
             access,
+            layers,
         }))
     }
 
-    /// The format this superblock needs: 4 with an access list, 3 for data
-    /// outside the blob, 2 for a log in several extents, else 1.
+    /// The format this superblock needs: 5 with snapshots, 4 with an
+    /// access list, 3 for data outside the blob, 2 for a log in several
+    /// extents, else 1.
     pub fn format(&self) -> u32 {
+        if self.layers.is_some() {
+            return 5;
+        }
         if !self.access.is_empty() {
             return 4;
         }
@@ -505,6 +536,21 @@ impl Superblock {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_volume_with_snapshots_is_format_5_and_names_its_catalog() {
+        let mut s = sample();
+        s.log = None;
+        s.layers = Some(LayersRef { catalog: 1000, slot_tracts: 1 });
+        assert_eq!(s.format(), 5);
+        assert_eq!(Superblock::decode(&s.encode()), Ok(Some(s.clone())));
+        // With an access list too.
+        s.access = vec![AccessEntry { identity: "vm1".into(), read_only: false }];
+        assert_eq!(Superblock::decode(&s.encode()), Ok(Some(s.clone())));
+        // A catalog at tract 0 (the superblock's own) is refused.
+        s.layers = Some(LayersRef { catalog: 0, slot_tracts: 1 });
+        assert_eq!(Superblock::decode(&s.encode()), Err(SuperblockError::Field("layers")));
+    }
+
     fn sample() -> Superblock {
         Superblock {
             name: "db1".into(),
@@ -525,6 +571,7 @@ mod tests {
             }),
             backend: Backend::Blob,
             access: Vec::new(),
+            layers: None,
         }
     }
 

@@ -22,6 +22,7 @@ use crate::fast_ack::FastAck;
 use crate::intent::{self, IntentLog, Recovery};
 use crate::io::BlobIo;
 use crate::log::{LogEngine, LogGeom};
+use crate::snap::layered::{Layered, LayeredIo};
 use crate::striping::Striping;
 use crate::superblock::{
     CommitMode, ExposureLimits, FlushPolicy, Superblock, SuperblockError, NAME_LEN_MAX, SUPERBLOCK_COPY_LEN,
@@ -72,9 +73,25 @@ pub const BLOCK_SIZE_MIN: u32 = 512;
 /// everything else is its engine's (`engine`: write-through, fast-ack,
 /// log, an S3 volume or an S3 snapshot).
 pub struct Volume {
+    /// The env it was opened with (a read-only handle opened without one
+    /// has none, and takes no snapshot).
+    env: Option<Env>,
     io: Arc<dyn BlobIo>,
     sb: Superblock,
+    /// The superblock as last written: `sb`, or newer once a first
+    /// snapshot named its catalog (which a shared handle cannot put in
+    /// `sb`). Every superblock write starts from it.
+    written: std::sync::Mutex<Superblock>,
     engine: Box<dyn Engine>,
+    /// A volume in the blob store: its stack of layers (`snap`), which
+    /// its engine writes through.
+    layers: Option<Arc<LayeredIo>>,
+    /// Writes hold it shared; taking a snapshot holds it alone, so no
+    /// write runs while the head is frozen.
+    gate: tokio::sync::RwLock<()>,
+    /// The control socket's task, while this process serves the volume
+    /// (`serve_control`); stopped at release.
+    control: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     recovery: Recovery,
     /// Opened without claiming it (`open_read_only`, a snapshot): changes
     /// refused.
@@ -173,6 +190,7 @@ impl Volume {
             log: None,
             backend: crate::Backend::Blob,
             access: Vec::new(),
+            layers: None,
         };
         if sb.mode == CommitMode::Log {
             let geom = LogGeom::plan(sb.size_bytes, sb.block_size as u64, io.tract_size() as u64)?;
@@ -302,6 +320,12 @@ impl Volume {
             sb = Self::settle_superblock(&io).await?;
         }
         let striping = striping_for(&sb, io.tract_size());
+        let layers =
+            crate::snap::stack::open(io.clone(), &sb, Self::data_tracts(&sb, &striping, io.tract_size()))
+                .await?;
+        let raw = io;
+        let io: Arc<dyn BlobIo> = Arc::new(Layered(layers.clone()));
+        let env_kept = env.clone();
         let (intent, recovery) = if keeps_intent(sb.mode) {
             let size = io.size_tracts().max(striping.tracts_for(sb.size_bytes));
             let (log, rec) = IntentLog::recover(env.clone(), io.clone(), claim, size, planted).await?;
@@ -315,15 +339,85 @@ impl Volume {
                 Box::new(FastAck::new(env, io.clone(), striping, sb.exposure, intent, planted))
             }
             CommitMode::Log => {
-                let Some(l) = &sb.log else {
-                    return Err(VolumeError::Unsupported("log volume without log geometry".into()));
-                };
-                let geom =
-                    LogGeom::from_superblock(l, sb.size_bytes, sb.block_size as u64, io.tract_size() as u64);
+                let geom = Self::log_geom(&sb, io.tract_size())?;
                 Box::new(LogEngine::open(env, io.clone(), geom, sb.exposure, planted).await?)
             }
         };
-        Ok(Volume { io, sb, engine, recovery, read_only: false })
+        Ok(Self::assemble(Some(env_kept), raw, sb, engine, Some(layers), recovery, false))
+    }
+
+    fn assemble(
+        env: Option<Env>,
+        io: Arc<dyn BlobIo>,
+        sb: Superblock,
+        engine: Box<dyn Engine>,
+        layers: Option<Arc<LayeredIo>>,
+        recovery: Recovery,
+        read_only: bool,
+    ) -> Volume {
+        let written = std::sync::Mutex::new(sb.clone());
+        Volume {
+            env,
+            io,
+            sb,
+            written,
+            engine,
+            layers,
+            gate: tokio::sync::RwLock::new(()),
+            control: std::sync::Mutex::new(None),
+            recovery,
+            read_only,
+        }
+    }
+
+    fn log_geom(sb: &Superblock, tract_size: u32) -> Result<LogGeom, VolumeError> {
+        let Some(l) = &sb.log else {
+            return Err(VolumeError::Unsupported("log volume without log geometry".into()));
+        };
+        Ok(LogGeom::from_superblock(l, sb.size_bytes, sb.block_size as u64, tract_size as u64))
+    }
+
+    /// The tracts a volume in its blob spans (tract 0 included): its
+    /// striped data, or its log.
+    fn data_tracts(sb: &Superblock, striping: &Striping, tract_size: u32) -> u64 {
+        match sb.mode {
+            CommitMode::Log => Self::log_geom(sb, tract_size).map_or(1, |g| g.total_tracts()),
+            _ => striping.tracts_for(sb.size_bytes),
+        }
+    }
+
+    /// Opens snapshot `name` of this blob-store volume read-only (the
+    /// export `NAME@SNAP`): no lease, nothing written; it reads the volume
+    /// as it was when the snapshot was taken, whatever the volume's writer
+    /// does since.
+    pub async fn open_snapshot(env: Env, io: Arc<dyn BlobIo>, name: &str) -> Result<Volume, VolumeError> {
+        let sb = Self::read_superblock(&io).await?;
+        if sb.backend.s3().is_some() {
+            return crate::lsvd::open_snapshot(io, sb, name).await;
+        }
+        let (layers, info) = crate::snap::stack::open_snapshot(&io, &sb, name).await?;
+        let view: Arc<dyn BlobIo> = Arc::new(Layered(layers.clone()));
+        let mut snap_sb = sb.clone();
+        snap_sb.name = format!("{}@{name}", sb.name);
+        snap_sb.size_bytes = info.size_bytes;
+        let striping = striping_for(&snap_sb, io.tract_size());
+        let engine: Box<dyn Engine> = match sb.mode {
+            CommitMode::Log => Box::new(
+                LogEngine::open_read_only(env.clone(), view, Self::log_geom(&snap_sb, io.tract_size())?)
+                    .await?,
+            ),
+            _ => Box::new(WriteThrough::new(view, striping, None)),
+        };
+        Ok(Self::assemble(Some(env), io, snap_sb, engine, Some(layers), Recovery::default(), true))
+    }
+
+    /// The snapshots of this blob-store volume, oldest first, with the
+    /// space each alone holds.
+    pub async fn snapshots(
+        io: &Arc<dyn BlobIo>,
+    ) -> Result<Vec<crate::snap::stack::SnapshotInfo>, VolumeError> {
+        let sb = Self::read_superblock(io).await?;
+        crate::snap::stack::list(io, &sb).await
     }
 
     /// Opens a write-through or fast-ack volume to read its blob as it is,
@@ -344,38 +438,58 @@ impl Volume {
                     .into(),
             ));
         }
-        let engine = Box::new(WriteThrough::new(io.clone(), striping_for(&sb, io.tract_size()), None));
-        Ok(Volume { io, sb, engine, recovery: Recovery::default(), read_only: true })
+        let striping = striping_for(&sb, io.tract_size());
+        let layers =
+            crate::snap::stack::open(io.clone(), &sb, Self::data_tracts(&sb, &striping, io.tract_size()))
+                .await?;
+        let view: Arc<dyn BlobIo> = Arc::new(Layered(layers.clone()));
+        let engine = Box::new(WriteThrough::new(view, striping, None));
+        Ok(Self::assemble(None, io, sb, engine, Some(layers), Recovery::default(), true))
     }
 
     /// An S3 volume's handle: its record in `io`, its engine.
     pub(crate) fn with_lsvd(
+        env: Env,
         io: Arc<dyn BlobIo>,
         sb: Superblock,
         engine: Box<dyn Engine>,
         epoch: u64,
     ) -> Volume {
         let recovery = Recovery { writer: epoch, ..Recovery::default() };
-        Volume { io, sb, engine, recovery, read_only: false }
+        Self::assemble(Some(env), io, sb, engine, None, recovery, false)
     }
 
     /// A snapshot of an S3 volume's handle: read-only, no lease.
     pub(crate) fn with_lsvd_snapshot(io: Arc<dyn BlobIo>, sb: Superblock, engine: Box<dyn Engine>) -> Volume {
-        Volume { io, sb, engine, recovery: Recovery::default(), read_only: true }
+        Self::assemble(None, io, sb, engine, None, Recovery::default(), true)
     }
 
-    /// Takes snapshot `name` of this S3 volume (design 0008): every write
-    /// acknowledged before the call is in it. Returns the object seq it
-    /// names.
+    /// Takes snapshot `name` of the volume: every write acknowledged before
+    /// the call is in it, none that starts after it returns. A volume in
+    /// the blob store freezes its head layer (design 0011) and returns the
+    /// new head's layer id; an S3 volume (design 0008) returns the object
+    /// seq the snapshot names.
     pub async fn snapshot(&self, name: &str) -> Result<u64, VolumeError> {
         self.writable("take snapshots")?;
-        self.engine.snapshot(name).await.map_err(|e| match e {
-            VolumeError::Unsupported(_) => VolumeError::Unsupported(format!(
-                "volume {:?}: only S3 volumes opened for writing take snapshots",
-                self.sb.name
-            )),
-            e => e,
-        })
+        let Some(layers) = &self.layers else {
+            return self.engine.snapshot(name).await;
+        };
+        // No write runs from here to the switch; every write acknowledged
+        // before is made durable first (fast-ack and log: a durable flush),
+        // and the intent bits are cleared (the new head starts clean).
+        let _alone = self.gate.write().await;
+        self.engine.quiesce().await?;
+        let now = self
+            .env
+            .as_ref()
+            .map(|e| e.clock.system_time())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let current = blizzard_env::lock(&self.written).clone();
+        let next = crate::snap::stack::take(layers, &current, name, now).await?;
+        let head = layers.stack().head.map_or(0, |h| h.0 as u64);
+        *blizzard_env::lock(&self.written) = next;
+        Ok(head)
     }
 
     /// Refuses a change to a volume opened read-only.
@@ -393,6 +507,12 @@ impl Volume {
     /// reads it).
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), VolumeError> {
         self.writable("delete snapshots")?;
+        if self.layers.is_some() {
+            return Err(VolumeError::Unsupported(format!(
+                "{}@{name}: deleting a snapshot of a volume in the blob store is not built yet (issue 57); the snapshot stays",
+                self.sb.name
+            )));
+        }
         self.engine.delete_snapshot(name).await.map_err(|e| match e {
             VolumeError::Unsupported(_) => VolumeError::Unsupported(format!(
                 "volume {:?}: only S3 volumes opened for writing have snapshots to delete",
@@ -442,13 +562,20 @@ impl Volume {
         if !size_bytes.is_multiple_of(512) {
             return Err(VolumeError::Invalid("size must be a multiple of 512 bytes".into()));
         }
-        let mut next = self.sb.clone();
+        if self.sb.mode == CommitMode::Log && blizzard_env::lock(&self.written).layers.is_some() {
+            return Err(VolumeError::Unsupported(format!(
+                "log volume {:?} has had snapshots: it cannot be resized yet (a snapshot keeps the log's geometry it was taken with)",
+                self.sb.name
+            )));
+        }
+        let mut next = blizzard_env::lock(&self.written).clone();
         next.size_bytes = size_bytes;
         next.generation += 1;
         let io = self.io.clone();
         let commit: crate::engine::Commit<'_> =
             Box::new(move |sb: Superblock| Box::pin(async move { Self::write_superblock(&io, &sb).await }));
         self.sb = self.engine.resize(next, commit).await?;
+        *blizzard_env::lock(&self.written) = self.sb.clone();
         Ok(())
     }
 
@@ -459,10 +586,11 @@ impl Volume {
         change: &crate::access::AccessChange,
     ) -> Result<Vec<crate::access::AccessEntry>, VolumeError> {
         self.writable("change its access list")?;
-        let mut sb = self.sb.clone();
+        let mut sb = blizzard_env::lock(&self.written).clone();
         sb.access = crate::access::apply(&sb.access, change).map_err(VolumeError::Invalid)?;
         sb.generation += 1;
         Self::write_superblock(&self.io, &sb).await?;
+        *blizzard_env::lock(&self.written) = sb.clone();
         self.sb = sb;
         Ok(self.sb.access.clone())
     }
@@ -500,6 +628,7 @@ impl Volume {
         if data.is_empty() {
             return Ok(());
         }
+        let _shared = self.gate.read().await;
         self.engine.write(offset, data, fua).await
     }
 
@@ -568,12 +697,40 @@ impl Volume {
     /// from this handle after. If quiescing fails the lease is kept: what
     /// is not durable yet must not be handed to another writer.
     pub async fn release(&self) -> Result<(), VolumeError> {
+        self.stop_control().await;
         self.quiesce().await?;
         self.engine.close().await?;
         if !self.read_only {
             self.io.release().await?;
         }
         Ok(())
+    }
+
+    /// Answers `blizzard volume snapshot` for this volume on its control
+    /// socket (`control`) while this handle serves it: a writable volume
+    /// in the blob store (an S3 volume serves its own). Stopped at release.
+    pub fn serve_control(self: &Arc<Self>) {
+        let Some(env) = self.env.clone() else { return };
+        if self.read_only || self.layers.is_none() {
+            return;
+        }
+        let path = crate::control::blob_socket_path(crate::manage::blob_id(&self.sb.name));
+        let weak: std::sync::Weak<dyn crate::control::Controlled> = Arc::downgrade(self) as _;
+        let task = crate::control::spawn(env, path, weak);
+        if let Some(old) = blizzard_env::lock(&self.control).replace(task) {
+            old.abort();
+        }
+    }
+
+    async fn stop_control(&self) {
+        let task = blizzard_env::lock(&self.control).take();
+        if let Some(t) = task {
+            t.abort();
+            let path = crate::control::blob_socket_path(crate::manage::blob_id(&self.sb.name));
+            if let Some(env) = &self.env {
+                let _ = env.remove_disk(&path).await;
+            }
+        }
     }
 
     /// For a shutdown with the volume shared: makes everything durable and
@@ -584,6 +741,29 @@ impl Volume {
             return Ok(());
         }
         self.engine.quiesce().await
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Some(t) = blizzard_env::lock(&self.control).take() {
+            t.abort();
+        }
+    }
+}
+
+/// The control socket's target (`control`): snapshots taken by the
+/// process serving the volume.
+impl crate::control::Controlled for Volume {
+    fn snapshot<'a>(&'a self, name: &'a str) -> futures::future::BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(Volume::snapshot(self, name))
+    }
+
+    fn delete_snapshot<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), VolumeError>> {
+        Box::pin(Volume::delete_snapshot(self, name))
     }
 }
 

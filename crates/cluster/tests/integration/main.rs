@@ -9,5 +9,6 @@ mod meta_replicas;
 mod placement;
 mod reconcile;
 mod recovery;
+mod snapshots;
 mod volume_leases;
 mod volumes;

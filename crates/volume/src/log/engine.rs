@@ -275,6 +275,27 @@ impl LogEngine {
         limits: ExposureLimits,
         planted: PlantedBug,
     ) -> Result<Arc<LogEngine>, VolumeError> {
+        Self::open_as(env, io, geom, limits, planted, false).await
+    }
+
+    /// Opens a log to read it as it is (a snapshot's): recovered in
+    /// memory, nothing written.
+    pub async fn open_read_only(
+        env: Env,
+        io: Arc<dyn BlobIo>,
+        geom: LogGeom,
+    ) -> Result<Arc<LogEngine>, VolumeError> {
+        Self::open_as(env, io, geom, ExposureLimits::default(), PlantedBug::None, true).await
+    }
+
+    async fn open_as(
+        env: Env,
+        io: Arc<dyn BlobIo>,
+        geom: LogGeom,
+        limits: ExposureLimits,
+        planted: PlantedBug,
+        read_only: bool,
+    ) -> Result<Arc<LogEngine>, VolumeError> {
         let mut best: Option<Checkpoint> = None;
         for slot in 0..2 {
             // A checkpoint belongs to exactly one geometry: one for another
@@ -333,6 +354,10 @@ impl LogEngine {
             block_locks: Mutex::new(HashMap::new()),
             ckpt_lock: tokio::sync::Mutex::new(()),
         });
+        if read_only {
+            // A snapshot's view: nothing is written (no write comes).
+            return Ok(engine);
+        }
         // Durable before any new write: new writes carry the new seq.
         engine.checkpoint().await?;
         Ok(engine)

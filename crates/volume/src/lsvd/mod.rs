@@ -36,8 +36,6 @@ use blizzard_lsvd::{
     objlog, snapshot as snap, volume as lv, Kind, LsvdError, LsvdSnapshot, LsvdVolume, Store,
 };
 
-pub mod control;
-
 use crate::cache::Data;
 use crate::engine::{AllocExtent, Commit, Engine};
 use crate::io::BlobIo;
@@ -181,6 +179,7 @@ fn record(spec: &VolumeSpec, s3: &S3Spec, uuid: u128, replication: u8, created_u
         }),
         // A clone starts open to all, as a new volume does.
         access: Vec::new(),
+        layers: None,
     }
 }
 
@@ -318,6 +317,7 @@ fn open_err(url: &str, cache: &Path, e: LsvdError) -> VolumeError {
 }
 
 fn wrap(env: Env, io: Arc<dyn BlobIo>, sb: Superblock, v: LsvdVolume) -> Volume {
+    let env_for_volume = env.clone();
     let epoch = v.info().epoch;
     let cache_dir = sb.backend.s3().map(|s| s.cache_dir.clone()).unwrap_or_default();
     let engine = Arc::new(LsvdEngine {
@@ -327,9 +327,10 @@ fn wrap(env: Env, io: Arc<dyn BlobIo>, sb: Superblock, v: LsvdVolume) -> Volume 
         cache_dir: cache_dir.clone(),
         control: Mutex::new(None),
     });
-    let task = control::spawn(env, &cache_dir, Arc::downgrade(&engine));
+    let weak: std::sync::Weak<dyn crate::control::Controlled> = Arc::downgrade(&engine) as _;
+    let task = crate::control::spawn(env, crate::control::socket_path(&cache_dir), weak);
     *engine.control.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-    Volume::with_lsvd(io, sb, Box::new(engine), epoch)
+    Volume::with_lsvd(env_for_volume, io, sb, Box::new(engine), epoch)
 }
 
 /// Opens snapshot `snapshot` of the S3 volume recorded in `sb`, read-only
@@ -459,7 +460,7 @@ impl LsvdEngine {
         let task = self.control.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = task {
             t.abort();
-            let _ = self.env.remove_disk(&control::socket_path(&self.cache_dir)).await;
+            let _ = self.env.remove_disk(&crate::control::socket_path(&self.cache_dir)).await;
         }
     }
 
@@ -469,10 +470,6 @@ impl LsvdEngine {
 
     pub(crate) async fn delete_snapshot(&self, name: &str) -> Result<(), VolumeError> {
         Ok(self.vol.delete_snapshot(name).await?)
-    }
-
-    pub(crate) fn volume(&self) -> &LsvdVolume {
-        &self.vol
     }
 
     pub(crate) async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
@@ -599,6 +596,17 @@ impl Engine for Arc<LsvdEngine> {
 
     fn s3_counts(&self) -> Option<blizzard_lsvd::store::CountsNow> {
         Some(self.vol.counts().now())
+    }
+}
+
+/// The control socket's target (`control`).
+impl crate::control::Controlled for LsvdEngine {
+    fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(LsvdEngine::snapshot(self, name))
+    }
+
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>> {
+        Box::pin(LsvdEngine::delete_snapshot(self, name))
     }
 }
 

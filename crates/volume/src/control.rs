@@ -1,14 +1,16 @@
-//! The control socket of a served S3 volume: how `blizzard volume
-//! snapshot` and `volume delete NAME@SNAP` reach the process that writes
-//! the volume (design 0008, "Snapshots and clones"). Only the writer can
-//! take a snapshot (it drains its journal first and keeps the snapshot's
-//! objects from its cleaner), so a command run while the volume is served
-//! asks it, and the process serving it answers.
+//! The control socket of a served volume: how `blizzard volume snapshot`
+//! and `volume delete NAME@SNAP` reach the process that writes the volume
+//! (designs 0008 and 0011). Only the writer can take a snapshot (an S3
+//! volume drains its journal first and keeps the snapshot's objects from
+//! its cleaner; a volume in the blob store makes what it acknowledged
+//! durable and freezes its head), so a command run while the volume is
+//! served asks it, and the process serving it answers.
 //!
-//! The socket is `control.sock` in the volume's cache directory, which is
-//! on the serving host: a command on that host finds it; on another host
-//! there is no socket, the volume's lease is held, and the command says
-//! where to run it.
+//! An S3 volume's socket is `control.sock` in its cache directory; a blob
+//! volume's is `<blob id>.sock` in the host's run directory
+//! ([`run_dir`]). Either is on the serving host: a command on that host
+//! finds it; on another host there is no socket, the volume's lease is
+//! held, and the command says where to run it.
 //!
 //! The protocol is one request line and one reply line, each at most
 //! [`LINE_MAX`] bytes: `snapshot NAME` or `delete-snapshot NAME`, answered
@@ -19,12 +21,38 @@ use std::path::{Path, PathBuf};
 use std::sync::Weak;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use blizzard_env::Env;
 
-use super::LsvdEngine;
 use crate::VolumeError;
+
+/// What a control socket reaches: the writer of one volume.
+pub trait Controlled: Send + Sync + 'static {
+    /// Takes snapshot `name`; the reply's detail (an S3 volume's object
+    /// seq, a blob volume's new head layer).
+    fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>>;
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>>;
+}
+
+/// Where blob volumes' control sockets are on this host:
+/// `$BLIZZARD_RUN_DIR`, else `$XDG_RUNTIME_DIR/blizzard`, else
+/// `/tmp/blizzard-run` (made owner-only when this process makes it).
+pub fn run_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("BLIZZARD_RUN_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => Path::new(&d).join("blizzard"),
+        None => PathBuf::from("/tmp/blizzard-run"),
+    }
+}
+
+/// The control socket of the blob volume whose blob id is `id`.
+pub fn blob_socket_path(id: blizzard_core::BlobId) -> PathBuf {
+    run_dir().join(format!("{:032x}.sock", id.0))
+}
 
 /// The socket's file name in the cache directory.
 pub const SOCKET_FILE: &str = "control.sock";
@@ -107,14 +135,26 @@ pub fn socket_path(cache_dir: &str) -> PathBuf {
     Path::new(cache_dir).join(SOCKET_FILE)
 }
 
-/// Serves the control socket of `engine`'s volume until the engine is
-/// gone or the task is aborted (at close). A socket that cannot be bound
-/// (a path too long for a unix socket, say) leaves the volume without
-/// one: logged, and commands then ask the operator to stop the server.
-pub(crate) fn spawn(env: Env, cache_dir: &str, engine: Weak<LsvdEngine>) -> tokio::task::JoinHandle<()> {
-    let path = socket_path(cache_dir);
+/// Serves the control socket at `path` for `engine`'s volume until the
+/// engine is gone or the task is aborted (at close). A socket that cannot
+/// be bound (a path too long for a unix socket, a run directory that
+/// cannot be made) leaves the volume without one: logged, and commands
+/// then ask the operator to stop the server.
+pub(crate) fn spawn(env: Env, path: PathBuf, engine: Weak<dyn Controlled>) -> tokio::task::JoinHandle<()> {
     let addr = format!("unix:{}", path.display());
     tokio::spawn(async move {
+        if let Some(dir) = path.parent() {
+            if !dir.exists() {
+                let made = std::fs::create_dir_all(dir).and_then(|()| {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                });
+                if let Err(e) = made {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot make the run directory: this volume has no control socket (set BLIZZARD_RUN_DIR)");
+                    return;
+                }
+            }
+        }
         let listener = match env.bind(&addr).await {
             Ok(l) => l,
             Err(e) => {
@@ -140,7 +180,7 @@ pub(crate) fn spawn(env: Env, cache_dir: &str, engine: Weak<LsvdEngine>) -> toki
                     Ok(Ok(line)) => match (Request::parse(&line), engine.upgrade()) {
                         (Err(e), _) => Reply::Error(e),
                         (Ok(_), None) => Reply::Error("the volume is closing".into()),
-                        (Ok(r), Some(engine)) => handle(&engine, r).await,
+                        (Ok(r), Some(engine)) => handle(&*engine, r).await,
                     },
                 };
                 let _ = conn.write_all(reply.encode().as_bytes()).await;
@@ -150,8 +190,7 @@ pub(crate) fn spawn(env: Env, cache_dir: &str, engine: Weak<LsvdEngine>) -> toki
     })
 }
 
-async fn handle(engine: &LsvdEngine, r: Request) -> Reply {
-    let v = engine.volume();
+async fn handle(v: &dyn Controlled, r: Request) -> Reply {
     match r {
         Request::Snapshot(n) => match v.snapshot(&n).await {
             Ok(seq) => Reply::Ok(format!("{seq}")),
@@ -164,11 +203,10 @@ async fn handle(engine: &LsvdEngine, r: Request) -> Reply {
     }
 }
 
-/// Asks the process serving the volume whose cache directory is
-/// `cache_dir`. `None`: no process serves it on this host (no socket, or
-/// a stale one nobody listens on).
-pub async fn ask(env: &Env, cache_dir: &str, r: &Request) -> Result<Option<Reply>, VolumeError> {
-    let path = socket_path(cache_dir);
+/// Asks the process serving the volume whose control socket is `path`.
+/// `None`: no process serves it on this host (no socket, or a stale one
+/// nobody listens on).
+pub async fn ask(env: &Env, path: &Path, r: &Request) -> Result<Option<Reply>, VolumeError> {
     let mut conn = match env.connect(&format!("unix:{}", path.display())).await {
         Ok(c) => c,
         Err(e)

@@ -1,0 +1,166 @@
+//! Snapshots of volumes in the blob store (design 0011, issue 57) on a
+//! real cluster, in every commit mode at 1- and 2-way replication: each
+//! snapshot reads exactly what the volume held when it was taken, while
+//! the volume goes on being written (unaligned writes, trims and zeroes
+//! over chunks an older layer holds), across a close and reopen; and the
+//! space each holds alone is what its layer's overwritten chunks take.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::{Rng, RngCore, SeedableRng};
+
+use blizzard_cluster::{Cluster, ClusterConfig};
+use blizzard_env::Env;
+use blizzard_volume::{manage, CommitMode, FlushPolicy, Volume, VolumeError, VolumeSpec};
+
+type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const SIZE: u64 = 8 << 20;
+
+async fn cluster(dir: &tempfile::TempDir) -> Cluster {
+    let mut cfg = ClusterConfig::new(dir.path());
+    cfg.tractservers = 4;
+    cfg.replication = 2;
+    cfg.tract_size = 64 << 10;
+    cfg.disk_size = 96 << 20;
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    Cluster::start(Env::real(), cfg).await.unwrap()
+}
+
+fn spec(name: &str, mode: CommitMode, replication: u8) -> VolumeSpec {
+    let mut s = VolumeSpec::new(name, SIZE);
+    s.mode = mode;
+    s.flush = FlushPolicy::Durable;
+    s.replication = replication;
+    s.block_size = Some(4096);
+    s.segment_tracts = 8;
+    s
+}
+
+/// A few random changes to `v` and to `model`: writes at any byte offset
+/// (whole chunks, sectors, single bytes), trims and zeroes.
+async fn churn(v: &Volume, model: &mut [u8], rng: &mut rand::rngs::StdRng, ops: usize) -> R {
+    for _ in 0..ops {
+        let kind = rng.random_range(0..10);
+        let (off, len) = match rng.random_range(0..3) {
+            0 => {
+                let c = rng.random_range(0..SIZE / 4096 - 16);
+                (c * 4096, rng.random_range(1..16u64) * 4096)
+            }
+            1 => {
+                let s = rng.random_range(0..SIZE / 512 - 64);
+                (s * 512, rng.random_range(1..64u64) * 512)
+            }
+            _ => (rng.random_range(0..SIZE - 20_000), rng.random_range(1..20_000u64)),
+        };
+        let range = off as usize..(off + len) as usize;
+        match kind {
+            0 => {
+                v.trim(off, len).await?;
+                model[range].fill(0);
+            }
+            1 => {
+                v.write_zeroes(off, len, false).await?;
+                model[range].fill(0);
+            }
+            _ => {
+                let mut b = vec![0u8; len as usize];
+                rng.fill_bytes(&mut b);
+                v.write(off, Bytes::from(b.clone()), false).await?;
+                model[range].copy_from_slice(&b);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn same(v: &Volume, model: &[u8], what: &str) -> R {
+    let got = v.read(0, SIZE).await?;
+    if let Some(i) = got.iter().zip(model).position(|(a, b)| a != b) {
+        panic!("{what}: byte {i} reads {} where {} was written", got[i], model[i]);
+    }
+    Ok(())
+}
+
+async fn snapshots_in(mode: CommitMode, replication: u8) -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir).await;
+    let client = c.client().await?;
+    let env = Env::real();
+    let name = format!("v-{}", mode.name());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(57 + mode as u64 * 10 + replication as u64);
+    let v = manage::create(env.clone(), &client, &spec(&name, mode, replication)).await?;
+    let mut model = vec![0u8; SIZE as usize];
+    // A volume written all over, then three snapshots with changes between.
+    let mut all = vec![0u8; SIZE as usize];
+    rng.fill_bytes(&mut all);
+    v.write(0, Bytes::from(all.clone()), false).await?;
+    model.copy_from_slice(&all);
+    let mut taken: Vec<(String, Vec<u8>)> = Vec::new();
+    for s in ["one", "two", "three"] {
+        churn(&v, &mut model, &mut rng, 40).await?;
+        // Not flushed first: the snapshot makes what was acknowledged durable.
+        v.snapshot(s).await?;
+        taken.push((s.to_string(), model.clone()));
+    }
+    let dup = v.snapshot("two").await;
+    assert!(matches!(dup, Err(VolumeError::Exists(_))), "{dup:?}");
+    churn(&v, &mut model, &mut rng, 60).await?;
+    same(&v, &model, "the volume").await?;
+    for (s, at) in &taken {
+        let snap = manage::open_snapshot(&client, &name, s).await?;
+        assert_eq!(snap.size(), SIZE);
+        assert!(snap.write(0, Bytes::from_static(b"x"), false).await.is_err(), "a snapshot is read-only");
+        same(&snap, at, &format!("{name}@{s} while the volume is open")).await?;
+    }
+    // Closed and opened again: the head's chunks are asked of the
+    // tractservers, the frozen layers read from their records.
+    v.close().await?;
+    let v = manage::open(env.clone(), &client, &name).await?;
+    same(&v, &model, "the volume reopened").await?;
+    churn(&v, &mut model, &mut rng, 40).await?;
+    v.snapshot("four").await?;
+    taken.push(("four".into(), model.clone()));
+    churn(&v, &mut model, &mut rng, 20).await?;
+    same(&v, &model, "the volume after a fourth snapshot").await?;
+    for (s, at) in &taken {
+        let snap = manage::open_snapshot(&client, &name, s).await?;
+        same(&snap, at, &format!("{name}@{s} after a reopen")).await?;
+    }
+    assert!(matches!(manage::open_snapshot(&client, &name, "five").await, Err(VolumeError::NotFound(_))));
+    // What each holds alone: never more than the volume, and the first
+    // (whose layer the whole volume was written to, then overwritten in
+    // part) holds some.
+    let io: std::sync::Arc<dyn blizzard_volume::BlobIo> =
+        blizzard_volume::ClientBlobIo::new(manage::find_blob(&client, &name).await?);
+    let list = Volume::snapshots(&io).await?;
+    let names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["one", "two", "three", "four"]);
+    assert!(list.iter().all(|s| s.held_bytes <= SIZE && s.size_bytes == SIZE), "{list:?}");
+    assert!(list[0].held_bytes > 0, "{list:?}");
+    v.close().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_snapshots_1_way() -> R {
+    snapshots_in(CommitMode::WriteThrough, 1).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_snapshots_2_way() -> R {
+    snapshots_in(CommitMode::WriteThrough, 2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_ack_snapshots_2_way() -> R {
+    snapshots_in(CommitMode::FastAck, 2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_snapshots_2_way() -> R {
+    snapshots_in(CommitMode::Log, 2).await
+}

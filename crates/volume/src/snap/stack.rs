@@ -1,0 +1,332 @@
+//! Taking, listing and opening snapshots of a volume in the blob store
+//! (design 0011): the catalog and presence records on the blob, and the
+//! [`LayeredIo`] stack built from them.
+//!
+//! Taking a snapshot, in order (the engine has made every acknowledged
+//! write durable and no write runs):
+//!
+//! 1. the head's chunk map: kept in memory once the volume has a frozen
+//!    layer; for its first snapshot, asked of the tractservers;
+//! 2. the blob extended at its end: the catalog's two slots (first
+//!    snapshot only), the head's presence record, the new head's tracts;
+//! 3. the presence record written;
+//! 4. the catalog written to the slot its generation names: from here the
+//!    head is frozen and the new head is the one written. For the first
+//!    snapshot, the superblock naming the slots is written after it and is
+//!    the switch instead (before it, nothing names the catalog);
+//! 5. the stack switched in memory.
+//!
+//! A crash before the switch leaves the volume as it was, and tracts past
+//! its end that nothing names: they are trimmed before the head ever
+//! grows over them (`Layered::extend_to`). Nothing of a frozen layer is
+//! ever written again, so a crash cannot change a snapshot.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use blizzard_core::limits::CHUNK_SIZE;
+
+use super::catalog::{Catalog, Layer, SnapInfo, SLOT_BYTES};
+use super::layered::{LayeredIo, Stack};
+use super::map::{Presence, TractBits, View};
+use crate::io::BlobIo;
+use crate::superblock::{LayersRef, Superblock};
+use crate::VolumeError;
+
+/// Tractservers asked at once for chunk maps.
+const PARALLEL: usize = 64;
+
+fn bad(what: &str, e: impl std::fmt::Display) -> VolumeError {
+    VolumeError::Invalid(format!("{what}: {e}; the volume's snapshots cannot be read (the volume itself may still open if its head is intact)"))
+}
+
+/// Writes `bytes` from the start of blob tract `first`, on as many tracts
+/// as it takes (padded to whole chunks), all in parallel.
+async fn write_record(blob: &Arc<dyn BlobIo>, first: u64, bytes: &[u8]) -> Result<(), VolumeError> {
+    let ts = blob.tract_size() as usize;
+    let mut padded = bytes.to_vec();
+    padded.resize(bytes.len().div_ceil(CHUNK_SIZE as usize) * CHUNK_SIZE as usize, 0);
+    let writes = padded
+        .chunks(ts)
+        .enumerate()
+        .map(|(i, part)| blob.write(first + i as u64, 0, Bytes::copy_from_slice(part)));
+    for r in futures::future::join_all(writes).await {
+        r?;
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes from the start of blob tract `first`.
+async fn read_record(blob: &Arc<dyn BlobIo>, first: u64, len: u64) -> Result<Vec<u8>, VolumeError> {
+    let ts = blob.tract_size() as u64;
+    let reads = (0..len.div_ceil(ts)).map(|i| {
+        let n = (len - i * ts).min(ts) as u32;
+        blob.read(first + i, 0, n)
+    });
+    let mut out = Vec::with_capacity(len as usize);
+    for r in futures::future::join_all(reads).await {
+        out.extend_from_slice(&r?);
+    }
+    Ok(out)
+}
+
+/// The catalog in `r`'s slots: the newest intact one.
+pub(crate) async fn read_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef) -> Result<Catalog, VolumeError> {
+    let mut found = [None, None];
+    for (slot, f) in found.iter_mut().enumerate() {
+        let first = r.catalog + slot as u64 * r.slot_tracts;
+        let head = match blob.read(first, 0, CHUNK_SIZE).await {
+            Ok(b) => b,
+            Err(e) if e.is_corrupt() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let len = match Catalog::record_len(&head[..Catalog::header_len()]) {
+            Ok(Some(l)) => l,
+            Ok(None) | Err(_) => continue,
+        };
+        let bytes = match read_record(blob, first, len).await {
+            Ok(b) => b,
+            Err(VolumeError::Io(e)) if e.is_corrupt() => continue,
+            Err(e) => return Err(e),
+        };
+        *f = Catalog::decode(&bytes).ok();
+    }
+    let [a, b] = found;
+    Catalog::pick(a, b)
+        .ok_or_else(|| bad("neither slot of the snapshot catalog is intact", "torn or damaged"))
+}
+
+async fn write_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef, c: &Catalog) -> Result<(), VolumeError> {
+    let first = r.catalog + Catalog::slot_of(c.generation) * r.slot_tracts;
+    write_record(blob, first, &c.encode()).await
+}
+
+/// Layer `l`'s presence record.
+async fn read_presence(blob: &Arc<dyn BlobIo>, l: &Layer) -> Result<Presence, VolumeError> {
+    let Some((at, len)) = l.presence else { return Ok(Presence::default()) };
+    let bytes = read_record(blob, at, len).await?;
+    let cpt = blob.tract_size() / CHUNK_SIZE;
+    Presence::decode(&bytes, l.id, cpt).map_err(|e| bad(&format!("layer {}", l.id), e))
+}
+
+/// The chunks of blob tracts `base..base + tracts - 1` (volume tracts
+/// `1..tracts`), asked of the tractservers.
+async fn presence_of(blob: &Arc<dyn BlobIo>, base: u64, tracts: u64) -> Result<Presence, VolumeError> {
+    let cpt = blob.tract_size() / CHUNK_SIZE;
+    let mut asks = futures::stream::iter(1..tracts)
+        .map(|t| {
+            let m = blob.mapped(base + t - 1);
+            async move { (t, m.await) }
+        })
+        .buffer_unordered(PARALLEL);
+    let mut p = Presence::default();
+    while let Some((t, m)) = asks.next().await {
+        if let Some(b) = TractBits::from_mapped(&m?, cpt) {
+            p.tracts.insert(t, b);
+        }
+    }
+    Ok(p)
+}
+
+/// The blob of a volume opened for writing, as its engines see it: its
+/// stack of layers when it has snapshots (the catalog, every frozen
+/// layer's presence, the head's asked of the tractservers), else its
+/// tracts as they are. `tracts` is the volume's (tract 0 included).
+pub(crate) async fn open(
+    blob: Arc<dyn BlobIo>,
+    sb: &Superblock,
+    tracts: u64,
+) -> Result<Arc<LayeredIo>, VolumeError> {
+    let Some(r) = sb.layers else {
+        let cpt = blob.tract_size() / CHUNK_SIZE;
+        return Ok(LayeredIo::new(blob, Stack::plain(tracts, cpt), HashMap::new()));
+    };
+    let cat = read_catalog(&blob, r).await?;
+    let stack = stack_of(&blob, &cat, cat.layers.len() - 1, tracts, true).await?;
+    let io = LayeredIo::new(blob, stack, HashMap::new());
+    io.load_head(PARALLEL).await?;
+    Ok(io)
+}
+
+/// The stack of the view ending at `cat.layers[last]`: with `head`, that
+/// layer is the head (written, its presence the tractservers'), else it
+/// is frozen too (a snapshot's read-only view).
+async fn stack_of(
+    blob: &Arc<dyn BlobIo>,
+    cat: &Catalog,
+    last: usize,
+    tracts: u64,
+    head: bool,
+) -> Result<Stack, VolumeError> {
+    let frozen_end = if head { last } else { last + 1 };
+    let cpt = blob.tract_size() / CHUNK_SIZE;
+    let mut presences = Vec::with_capacity(frozen_end);
+    for l in &cat.layers[..frozen_end] {
+        presences.push((l.id, read_presence(blob, l).await?));
+    }
+    let frozen = View::build(cpt, presences.iter().map(|(id, p)| (*id, p)));
+    let top = &cat.layers[last];
+    Ok(Stack {
+        head: head.then_some((top.id, top.base)),
+        frozen: Arc::new(frozen),
+        bases: cat.layers[..=last].iter().map(|l| (l.id, l.base)).collect(),
+        tracts,
+    })
+}
+
+/// The read-only stack of snapshot `name`, and what the catalog says of it.
+pub(crate) async fn open_snapshot(
+    blob: &Arc<dyn BlobIo>,
+    sb: &Superblock,
+    name: &str,
+) -> Result<(Arc<LayeredIo>, SnapInfo), VolumeError> {
+    let missing = || VolumeError::NotFound(format!("{}@{name}", sb.name));
+    let r = sb.layers.ok_or_else(missing)?;
+    let cat = read_catalog(blob, r).await?;
+    let i = cat
+        .layers
+        .iter()
+        .position(|l| l.snapshot.as_ref().is_some_and(|s| s.name == name))
+        .ok_or_else(missing)?;
+    let layer = &cat.layers[i];
+    let info = layer.snapshot.clone().ok_or_else(missing)?;
+    let stack = stack_of(blob, &cat, i, layer.tracts + 1, false).await?;
+    Ok((LayeredIo::new(blob.clone(), stack, HashMap::new()), info))
+}
+
+/// What `volume list` shows of a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub created_unix_s: u64,
+    pub size_bytes: u64,
+    /// Bytes only this snapshot reads: what deleting it gives back.
+    pub held_bytes: u64,
+}
+
+/// The names of the snapshots of the volume whose superblock is `sb`,
+/// oldest first: its catalog only.
+pub async fn names(blob: &Arc<dyn BlobIo>, sb: &Superblock) -> Result<Vec<String>, VolumeError> {
+    let Some(r) = sb.layers else { return Ok(Vec::new()) };
+    let cat = read_catalog(blob, r).await?;
+    Ok(cat.layers.iter().filter_map(|l| l.snapshot.as_ref().map(|s| s.name.clone())).collect())
+}
+
+/// The snapshots of the volume whose superblock is `sb`, oldest first.
+pub async fn list(blob: &Arc<dyn BlobIo>, sb: &Superblock) -> Result<Vec<SnapshotInfo>, VolumeError> {
+    let Some(r) = sb.layers else { return Ok(Vec::new()) };
+    let cat = read_catalog(blob, r).await?;
+    let cpt = blob.tract_size() / CHUNK_SIZE;
+    let mut presences = Vec::with_capacity(cat.layers.len());
+    for l in &cat.layers[..cat.layers.len() - 1] {
+        presences.push((l.id, read_presence(blob, l).await?));
+    }
+    let head = cat.head();
+    presences.push((head.id, presence_of(blob, head.base, head.tracts + 1).await?));
+    let views: Vec<u32> =
+        cat.layers.iter().filter(|l| l.snapshot.is_some() || l.id == head.id).map(|l| l.id).collect();
+    let held = super::map::held_alone(cpt, &presences, &views);
+    Ok(cat
+        .layers
+        .iter()
+        .filter_map(|l| {
+            let s = l.snapshot.as_ref()?;
+            let i = views.iter().position(|&v| v == l.id)?;
+            Some(SnapshotInfo {
+                name: s.name.clone(),
+                created_unix_s: s.created_unix_s,
+                size_bytes: s.size_bytes,
+                held_bytes: held[i] * CHUNK_SIZE as u64,
+            })
+        })
+        .collect())
+}
+
+/// Takes snapshot `name` of the volume behind `io` (module docs: the
+/// steps). The caller has made every acknowledged write durable and holds
+/// every new one back. Returns the superblock now in force (the first
+/// snapshot writes a new one).
+pub(crate) async fn take(
+    io: &LayeredIo,
+    sb: &Superblock,
+    name: &str,
+    now_unix_s: u64,
+) -> Result<Superblock, VolumeError> {
+    blizzard_lsvd::format::check_snapshot_name(name).map_err(VolumeError::Invalid)?;
+    let blob = io.blob().clone();
+    let ts = blob.tract_size() as u64;
+    let cpt = (ts / CHUNK_SIZE as u64) as u32;
+    let s = io.stack();
+    let Some((head_id, head_base)) = s.head else {
+        return Err(VolumeError::Unsupported("a snapshot is read-only".into()));
+    };
+    let (mut cat, r, first) = match sb.layers {
+        Some(r) => (read_catalog(&blob, r).await?, r, false),
+        None => {
+            let r =
+                LayersRef { catalog: blob.size_tracts().max(s.tracts), slot_tracts: SLOT_BYTES.div_ceil(ts) };
+            (Catalog::first(s.tracts - 1), r, true)
+        }
+    };
+    if cat.snapshot(name).is_some() {
+        return Err(VolumeError::Exists(format!("{}@{name}", sb.name)));
+    }
+    if cat.layers.len() >= super::catalog::LAYERS_MAX {
+        return Err(VolumeError::Refused(format!(
+            "volume {:?} has {} layers, the most its catalog holds: delete snapshots first",
+            sb.name,
+            cat.layers.len()
+        )));
+    }
+    // 1. The head's chunks.
+    let presence = if first {
+        presence_of(&blob, head_base, s.tracts).await?
+    } else {
+        Presence { tracts: io.head_bits().into_iter().collect() }
+    };
+    // 2. Room at the blob's end.
+    let record = presence.encode(head_id, cpt);
+    let mut next = blob.size_tracts().max(head_base + s.tracts - 1);
+    if first {
+        next = next.max(r.catalog + 2 * r.slot_tracts);
+    }
+    let record_at = next;
+    let new_base = record_at + (record.len() as u64).div_ceil(ts);
+    blob.extend_to(new_base + s.tracts - 1).await?;
+    // 3. The record.
+    write_record(&blob, record_at, &record).await?;
+    // 4. The catalog (and, the first time, the superblock): the switch.
+    let frozen = cat.layers.len() - 1;
+    cat.layers[frozen].presence = Some((record_at, record.len() as u64));
+    cat.layers[frozen].tracts = s.tracts - 1;
+    cat.layers[frozen].snapshot =
+        Some(SnapInfo { name: name.to_string(), created_unix_s: now_unix_s, size_bytes: sb.size_bytes });
+    let new_id = head_id + 1;
+    cat.layers.push(Layer {
+        id: new_id,
+        base: new_base,
+        tracts: s.tracts - 1,
+        presence: None,
+        snapshot: None,
+    });
+    cat.generation += 1;
+    cat.validate()
+        .map_err(|f| VolumeError::Invalid(format!("the new snapshot catalog breaks a rule ({f})")))?;
+    write_catalog(&blob, r, &cat).await?;
+    let mut next_sb = sb.clone();
+    if first {
+        next_sb.layers = Some(r);
+        next_sb.generation += 1;
+        crate::Volume::write_superblock(&blob, &next_sb).await?;
+    }
+    // 5. In memory.
+    let mut view = (*s.frozen).clone();
+    view.push(head_id, &presence);
+    let mut bases = s.bases.clone();
+    bases.insert(new_id, new_base);
+    io.switch(Stack { head: Some((new_id, new_base)), frozen: Arc::new(view), bases, tracts: s.tracts });
+    Ok(next_sb)
+}
