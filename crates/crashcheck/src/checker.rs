@@ -11,7 +11,10 @@
 //!   sector (missing) has epoch ≥ R.
 //! - **write-through**: every acknowledged write is present.
 //! - **durable flush**: every write before the last acknowledged durable
-//!   flush is present.
+//!   flush is present. An acknowledged snapshot is a durable flush in every
+//!   mode and policy (taking one makes what was acknowledged durable).
+//! - **snapshots** ([`expected_snapshot`]): a snapshot reads exactly the
+//!   writes before it, which had all completed when it was taken.
 //!
 //! A zero sector may be the initial state or any trim in its history; it
 //! allows each of those positions.
@@ -25,6 +28,8 @@ pub enum OpKind {
     Write,
     Trim,
     Flush,
+    /// A snapshot named `s{id}`; it closes the epoch, as a flush does.
+    Snapshot,
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +65,10 @@ pub enum Violation {
     LostAcknowledged { at: u64, id: u64, found: String },
     #[error("in the snapshot: {0}")]
     InSnapshot(Box<Violation>),
+    #[error("snapshot {name} was acknowledged but is gone after the crash ({why})")]
+    LostSnapshot { name: String, why: String },
+    #[error("snapshot {name}: sector at {at} holds {found} where it must hold {want}")]
+    SnapshotDiffers { name: String, at: u64, found: String, want: String },
     #[error("the volume could not be recovered: {0}")]
     Unrecoverable(String),
     #[error("the trial could not run: {0}")]
@@ -119,7 +128,7 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
     // History per sector: indexes into `ops` of writes and trims, in order.
     let mut history: Vec<Vec<u32>> = vec![Vec::new(); sectors];
     for (i, op) in ops.iter().enumerate() {
-        if op.kind == OpKind::Flush {
+        if matches!(op.kind, OpKind::Flush | OpKind::Snapshot) {
             continue;
         }
         let first = (op.offset / SECTOR as u64) as usize;
@@ -194,10 +203,19 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
             ambiguous.push((at, intervals));
         }
     }
-    if contract.acked_flushes_durable {
-        // Epochs before the last acknowledged flush must be complete: R
-        // must reach past that flush.
-        let flushed = ops.iter().filter(|o| o.kind == OpKind::Flush && o.acked).map(|o| o.epoch + 1).max();
+    {
+        // Epochs before the last acknowledged durable flush (or snapshot)
+        // must be complete: R must reach past it.
+        let flushed = ops
+            .iter()
+            .filter(|o| o.acked)
+            .filter(|o| match o.kind {
+                OpKind::Flush => contract.acked_flushes_durable,
+                OpKind::Snapshot => true,
+                _ => false,
+            })
+            .map(|o| o.epoch + 1)
+            .max();
         if let Some(f) = flushed {
             if f > ghi {
                 let (at, found) = ghi_by.unwrap_or((0, String::from("nothing")));
@@ -222,6 +240,50 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
         return Err(Violation::NotPrefix { at: *at, lo, hi, glo, ghi });
     }
     Ok(())
+}
+
+/// What snapshot op `ops[at]` must read: every write and trim before it,
+/// in order (the workload issues a snapshot only once everything before
+/// it completed). `None` when one of them was not acknowledged (it failed:
+/// what it left is unknown).
+pub fn expected_snapshot(ops: &[LoggedOp], at: usize, size: usize) -> Option<Vec<u8>> {
+    let mut img = vec![0u8; size];
+    for op in &ops[..at] {
+        let range = op.offset as usize..((op.offset + op.len) as usize).min(size);
+        match op.kind {
+            OpKind::Write if !op.acked => return None,
+            OpKind::Trim if !op.acked => return None,
+            OpKind::Write => crate::tag::fill(&mut img[range], op.offset, op.id, op.epoch),
+            OpKind::Trim => img[range].fill(0),
+            OpKind::Flush | OpKind::Snapshot => {}
+        }
+    }
+    Some(img)
+}
+
+/// Checks snapshot `name`'s image against what it must read.
+pub fn check_snapshot(name: &str, want: &[u8], got: &[u8]) -> Result<(), Violation> {
+    if want.len() != got.len() {
+        return Err(Violation::SnapshotDiffers {
+            name: name.into(),
+            at: 0,
+            found: format!("{} bytes", got.len()),
+            want: format!("{} bytes", want.len()),
+        });
+    }
+    match want.chunks(SECTOR).zip(got.chunks(SECTOR)).position(|(w, g)| w != g) {
+        None => Ok(()),
+        Some(s) => {
+            let at = (s * SECTOR) as u64;
+            let r = s * SECTOR..(s + 1) * SECTOR;
+            Err(Violation::SnapshotDiffers {
+                name: name.into(),
+                at,
+                found: describe(&got[r.clone()], at),
+                want: describe(&want[r], at),
+            })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -292,6 +354,29 @@ mod tests {
             }
             other => panic!("expected a disagreement at 1024, got {other:?}"),
         }
+    }
+
+    /// A snapshot must read exactly the writes before it; an acknowledged
+    /// one makes them durable in the volume, whatever the flush policy.
+    #[test]
+    fn snapshots_are_exact_and_durable() {
+        let ops = vec![
+            op(1, OpKind::Write, 0, 1024, 0, true),
+            op(2, OpKind::Trim, 512, 512, 0, true),
+            op(3, OpKind::Snapshot, 0, 0, 0, true),
+            op(4, OpKind::Write, 0, 512, 1, true),
+        ];
+        let want = expected_snapshot(&ops, 2, 2048).expect("all acknowledged");
+        assert_eq!(want, image_with(&[(1, 0, 512, 0)], 2048));
+        assert_eq!(check_snapshot("s3", &want, &want), Ok(()));
+        let with_4 = image_with(&[(4, 0, 512, 1)], 2048);
+        assert!(matches!(
+            check_snapshot("s3", &want, &with_4),
+            Err(Violation::SnapshotDiffers { at: 0, .. })
+        ));
+        // The volume lost write 1, which the acknowledged snapshot made durable.
+        assert!(matches!(check(&ops, &[0u8; 2048], FAST), Err(Violation::LostFlushed { .. })));
+        assert_eq!(check(&ops, &want, FAST), Ok(()));
     }
 
     /// A zero sector may be a trim: write, trim, write again.

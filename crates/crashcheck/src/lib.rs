@@ -19,5 +19,5 @@ pub mod real;
 pub mod run;
 pub mod tag;
 
-pub use checker::{check, Contract, LoggedOp, OpKind, Violation};
+pub use checker::{check, check_snapshot, expected_snapshot, Contract, LoggedOp, OpKind, Violation};
 pub use run::{exhaustive, trial, CheckConfig, Trial};

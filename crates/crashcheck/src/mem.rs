@@ -86,6 +86,11 @@ struct State {
     replicas: Vec<BTreeMap<u64, Bytes>>,
     /// Per replica, the (tract, chunk) pairs a crash left corrupt.
     corrupt: Vec<BTreeSet<(u64, u32)>>,
+    /// Per replica, the (tract, chunk) pairs that hold data, as a
+    /// tractserver's chunk table says (`BlobIo::mapped`, digests' holes):
+    /// a write maps every chunk it touches, a trim unmaps those it covers
+    /// whole.
+    mapped: Vec<BTreeSet<(u64, u32)>>,
     corrupt_tears: bool,
     /// Ops still allowed to complete; later ones stay in flight.
     hold_after: Option<u64>,
@@ -136,6 +141,7 @@ impl MemBlob {
             state: Arc::new(Mutex::new(State {
                 replicas: vec![BTreeMap::new(); replication.max(1) as usize],
                 corrupt: vec![BTreeSet::new(); replication.max(1) as usize],
+                mapped: vec![BTreeSet::new(); replication.max(1) as usize],
                 corrupt_tears: false,
                 hold_after: None,
                 size_tracts: 0,
@@ -217,6 +223,17 @@ impl MemBlob {
             Kind::Write(b) => t.copy_from_slice(b),
             Kind::Trim(_) => t.fill(0),
         });
+        for (c, whole) in Self::chunks(p.offset, len) {
+            match &p.kind {
+                Kind::Write(_) => {
+                    st.mapped[r].insert((p.tract, c));
+                }
+                Kind::Trim(_) if whole => {
+                    st.mapped[r].remove(&(p.tract, c));
+                }
+                Kind::Trim(_) => {}
+            }
+        }
         Ok(())
     }
 
@@ -385,6 +402,19 @@ impl MemBlob {
         async move { op.await.map(|_| ()) }.boxed()
     }
 
+    /// Whether replica `r` holds data in chunk `c` of `tract`: mapped there,
+    /// or written by a cached write that reaches it and is not synced yet
+    /// (its chunk table has it, as a tractserver's page cache would).
+    fn holds(st: &State, r: usize, tract: u64, c: u32) -> bool {
+        st.mapped[r].contains(&(tract, c))
+            || st.volatile.values().any(|p| {
+                p.tract == tract
+                    && p.reaches(r)
+                    && matches!(p.kind, Kind::Write(_))
+                    && Self::chunks(p.offset, Self::len_of(&p.kind)).any(|(x, _)| x == c)
+            })
+    }
+
     /// What each replica holds in each chunk of `tract`, as a tractserver's
     /// digest reports it (reads see unsynced cached writes, as they do).
     fn digests(st: &State, tract: u64, tract_size: u32) -> Vec<Vec<ChunkState>> {
@@ -400,8 +430,10 @@ impl MemBlob {
                     .map(|(c, b)| {
                         if st.corrupt[r].contains(&(tract, c as u32)) {
                             ChunkState::Unreadable
-                        } else {
+                        } else if Self::holds(st, r, tract, c as u32) {
                             ChunkState::Data(chunk_digest(b))
+                        } else {
+                            ChunkState::Hole
                         }
                     })
                     .collect()
@@ -649,6 +681,23 @@ impl BlobIo for MemBlob {
                 .find(|&r| !Self::damaged(&st.corrupt[r], tract, offset, len))
                 .map(|r| Self::read_replica(&st, r, tract, offset, len))
                 .ok_or_else(|| IoError::Corrupt(format!("tract {tract}: no replica holds the range intact")))
+        }
+        .boxed()
+    }
+
+    /// The union over the replicas, as the real client's.
+    fn mapped(&self, tract: u64) -> BoxFuture<'static, Result<Vec<u8>, IoError>> {
+        let me = self.clone();
+        async move {
+            let st = me.lock();
+            let chunks = me.tract_size / CHUNK;
+            let mut b = vec![0u8; (chunks as usize).div_ceil(8)];
+            for c in 0..chunks {
+                if (0..st.replicas.len()).any(|r| Self::holds(&st, r, tract, c)) {
+                    b[c as usize / 8] |= 1 << (c % 8);
+                }
+            }
+            Ok(b)
         }
         .boxed()
     }

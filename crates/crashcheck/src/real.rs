@@ -44,6 +44,7 @@ impl Event {
                     OpKind::Write => 'W',
                     OpKind::Trim => 'T',
                     OpKind::Flush => 'F',
+                    OpKind::Snapshot => 'S',
                 };
                 format!("I {} {k} {} {} {}\n", op.id, op.offset, op.len, op.epoch)
             }
@@ -71,6 +72,7 @@ pub fn parse_log(text: &str) -> Result<Vec<LoggedOp>, String> {
                     Some(&"W") => OpKind::Write,
                     Some(&"T") => OpKind::Trim,
                     Some(&"F") => OpKind::Flush,
+                    Some(&"S") => OpKind::Snapshot,
                     _ => return Err(format!("event log line {}: bad kind in {line:?}", n + 1)),
                 };
                 let op = LoggedOp {
@@ -120,7 +122,7 @@ pub async fn drive_logged(
         // complete, no overlapping writes at once.
         loop {
             let blocked = match op.kind {
-                OpKind::Flush => !ranges.is_empty(),
+                OpKind::Flush | OpKind::Snapshot => !ranges.is_empty(),
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -139,6 +141,11 @@ pub async fn drive_logged(
         match op.kind {
             OpKind::Flush => {
                 vol.flush().await.map_err(|e| format!("flush {} failed: {e}", op.id))?;
+                record(&Event::Ack(op.id));
+            }
+            OpKind::Snapshot => {
+                let name = crate::run::snapshot_name(op.id);
+                vol.snapshot(&name).await.map_err(|e| format!("snapshot {name} failed: {e}"))?;
                 record(&Event::Ack(op.id));
             }
             OpKind::Write | OpKind::Trim => {

@@ -21,7 +21,9 @@ use blizzard_env::{Env, RealClock, RealDisks, RealNet};
 use blizzard_volume::io::BlobIo;
 use blizzard_volume::{CommitMode, ExposureLimits, FlushPolicy, PlantedBug, Volume, VolumeSpec};
 
-use crate::checker::{check, check_replicas_agree, Contract, LoggedOp, OpKind, Violation};
+use crate::checker::{
+    check, check_replicas_agree, check_snapshot, expected_snapshot, Contract, LoggedOp, OpKind, Violation,
+};
 use crate::mem::MemBlob;
 use crate::tag::{fill, SECTOR};
 
@@ -41,6 +43,9 @@ pub struct CheckConfig {
     /// only land some whole chunks. On for the log mode, whose recovery
     /// must survive it; see `mem`.
     pub corrupt_tears: bool,
+    /// Half the trials take snapshots among their writes (design 0011);
+    /// each is read back after recovery.
+    pub snapshots: bool,
 }
 
 impl CheckConfig {
@@ -56,6 +61,7 @@ impl CheckConfig {
             ops_max: 160,
             planted: PlantedBug::None,
             corrupt_tears: mode == CommitMode::Log,
+            snapshots: true,
         }
     }
 
@@ -127,7 +133,13 @@ pub(crate) struct Planned {
 
 pub(crate) fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     let n = rng.random_range(1..=cfg.ops_max);
-    plan_ops(rng, cfg.volume_size, n).into_iter().map(|op| Planned { op }).collect()
+    let snapshots = cfg.snapshots && rng.random_bool(0.5);
+    plan_ops_with(rng, cfg.volume_size, n, snapshots).into_iter().map(|op| Planned { op }).collect()
+}
+
+/// The name the workload gives snapshot op `id`.
+pub fn snapshot_name(id: u64) -> String {
+    format!("s{id}")
 }
 
 /// `n` random client operations on a volume of `volume_size` bytes:
@@ -135,6 +147,12 @@ pub(crate) fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
 /// hot region so overwrites are common), some trims, and a flush every
 /// few writes.
 pub fn plan_ops(rng: &mut SmallRng, volume_size: u64, n: usize) -> Vec<LoggedOp> {
+    plan_ops_with(rng, volume_size, n, false)
+}
+
+/// [`plan_ops`], with snapshots among the ops when `snapshots` (about one
+/// op in 16: each closes the epoch, as a flush does).
+pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, snapshots: bool) -> Vec<LoggedOp> {
     // Often a flush every few writes: many epochs in flight at a crash is
     // where ordering bugs show.
     let flush_every =
@@ -149,6 +167,12 @@ pub fn plan_ops(rng: &mut SmallRng, volume_size: u64, n: usize) -> Vec<LoggedOp>
         let id = i as u64 + 1;
         if since_flush >= flush_every {
             out.push(LoggedOp { id, kind: OpKind::Flush, offset: 0, len: 0, epoch, acked: false });
+            epoch += 1;
+            since_flush = 0;
+            continue;
+        }
+        if snapshots && i > 0 && rng.random_ratio(1, 16) {
+            out.push(LoggedOp { id, kind: OpKind::Snapshot, offset: 0, len: 0, epoch, acked: false });
             epoch += 1;
             since_flush = 0;
             continue;
@@ -185,6 +209,11 @@ pub trait Target: Send + Sync + 'static {
     fn trim(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<(), String>>;
     /// A flush under the volume's policy.
     fn flush(&self) -> BoxFuture<'_, Result<(), String>>;
+    /// Takes snapshot `name`.
+    fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        let _ = name;
+        Box::pin(async { Err("this target takes no snapshots".to_string()) })
+    }
 }
 
 impl Target for Volume {
@@ -196,6 +225,9 @@ impl Target for Volume {
     }
     fn flush(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move { Volume::flush(self).await.map_err(|e| e.to_string()) })
+    }
+    fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { Volume::snapshot(self, name).await.map(|_| ()).map_err(|e| e.to_string()) })
     }
 }
 
@@ -222,7 +254,7 @@ pub(crate) async fn drive<T: Target>(
         // overlapping writes at once (NBD leaves those undefined).
         loop {
             let blocked = match op.kind {
-                OpKind::Flush => !ranges.is_empty(),
+                OpKind::Flush | OpKind::Snapshot => !ranges.is_empty(),
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -240,6 +272,13 @@ pub(crate) async fn drive<T: Target>(
         match op.kind {
             OpKind::Flush => {
                 if vol.flush().await.is_ok() {
+                    mark(&log2, i);
+                }
+            }
+            OpKind::Snapshot => {
+                // Nothing is in flight (above): the snapshot must hold
+                // exactly the ops before it.
+                if vol.snapshot(&snapshot_name(op.id)).await.is_ok() {
                     mark(&log2, i);
                 }
             }
@@ -310,6 +349,11 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
 struct Recovered {
     image: Bytes,
     per_replica: Vec<Bytes>,
+    /// Each snapshot op of the log that opened: its index in the log, and
+    /// its image read once, then once per replica.
+    snapshots: Vec<(usize, Bytes, Vec<Bytes>)>,
+    /// Snapshot ops that did not open, with why.
+    missing: Vec<(usize, String)>,
 }
 
 impl Recovered {
@@ -317,19 +361,40 @@ impl Recovered {
     /// every block must read the same whichever replica serves it.
     fn check(&self, log: &[LoggedOp], contract: Contract) -> Result<(), Violation> {
         check(log, &self.image, contract)?;
-        check_replicas_agree(&self.per_replica)
+        check_replicas_agree(&self.per_replica)?;
+        // An acknowledged snapshot survives the crash; any that opens
+        // (acknowledged or cut off) reads exactly the ops before it.
+        for (i, why) in &self.missing {
+            if log[*i].acked {
+                return Err(Violation::LostSnapshot { name: snapshot_name(log[*i].id), why: why.clone() });
+            }
+        }
+        for (i, image, per_replica) in &self.snapshots {
+            let name = snapshot_name(log[*i].id);
+            if let Some(want) = expected_snapshot(log, *i, image.len()) {
+                check_snapshot(&name, &want, image)?;
+            }
+            check_replicas_agree(per_replica).map_err(|v| Violation::InSnapshot(Box::new(v)))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a snapshot was read back.
+    fn snapshot_checked(&self) -> bool {
+        !self.snapshots.is_empty()
     }
 }
 
 /// Reopens the volume (running recovery) and reads it: once in one pass,
 /// then once through each replica.
-fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Recovered, String> {
+fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig, log: &[LoggedOp]) -> Result<Recovered, String> {
     let rt = runtime();
     rt.block_on(async {
         let env = trial_env(seed ^ 0x5eed);
         let blob = mem.reopen(env.clone());
         let io: Arc<dyn BlobIo> = Arc::new(blob.clone());
-        let vol = Volume::open(env, io, cfg.planted).await.map_err(|e| format!("recovery failed: {e}"))?;
+        let vol =
+            Volume::open(env.clone(), io, cfg.planted).await.map_err(|e| format!("recovery failed: {e}"))?;
         let read = |what: String| {
             let vol = &vol;
             async move { vol.read(0, vol.size()).await.map_err(|e| format!("{what}: {e}")) }
@@ -343,7 +408,34 @@ fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig) -> Result<Recovered, Str
             }
             blob.pin_reads(None);
         }
-        Ok(Recovered { image, per_replica })
+        let (mut snapshots, mut missing) = (Vec::new(), Vec::new());
+        for (i, op) in log.iter().enumerate().filter(|(_, o)| o.kind == OpKind::Snapshot) {
+            let name = snapshot_name(op.id);
+            let io: Arc<dyn BlobIo> = Arc::new(blob.clone());
+            let snap = match Volume::open_snapshot(env.clone(), io, &name).await {
+                Ok(s) => s,
+                Err(e) => {
+                    missing.push((i, e.to_string()));
+                    continue;
+                }
+            };
+            let whole =
+                snap.read(0, snap.size()).await.map_err(|e| format!("reading snapshot {name}: {e}"))?;
+            let mut each = Vec::new();
+            if cfg.replication > 1 {
+                for r in 0..cfg.replication as usize {
+                    blob.pin_reads(Some(r));
+                    each.push(
+                        snap.read(0, snap.size())
+                            .await
+                            .map_err(|e| format!("reading snapshot {name} through replica {r}: {e}"))?,
+                    );
+                }
+                blob.pin_reads(None);
+            }
+            snapshots.push((i, whole, each));
+        }
+        Ok(Recovered { image, per_replica, snapshots, missing })
     })
 }
 
@@ -389,9 +481,9 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         let ops = rng.random_range(0..12);
         crash_during_recovery(&mem, seed, cfg, ops, &mut rng);
     }
-    let violation = match recover(&mem, seed, cfg) {
-        Ok(r) => r.check(&log, cfg.contract()).err(),
-        Err(e) => Some(Violation::Unrecoverable(e)),
+    let (violation, snapshot_checked) = match recover(&mem, seed, cfg, &log) {
+        Ok(r) => (r.check(&log, cfg.contract()).err(), r.snapshot_checked()),
+        Err(e) => (Some(Violation::Unrecoverable(e)), false),
     };
     Trial {
         seed,
@@ -399,7 +491,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         acked: log.iter().filter(|o| o.acked).count(),
         in_flight_at_crash: in_flight,
         objects_deleted: 0,
-        snapshot_checked: false,
+        snapshot_checked,
         violation,
     }
 }
@@ -417,7 +509,7 @@ pub fn exhaustive(seed: u64, cfg: &CheckConfig, max_in_flight: usize) -> Result<
     for mask in 0..(1u64 << n) {
         let fork = mem.fork();
         fork.crash_with(|op, _| mask & (1 << op) != 0);
-        match recover(&fork, seed, &cfg) {
+        match recover(&fork, seed, &cfg, &log) {
             Ok(r) => {
                 if let Err(v) = r.check(&log, cfg.contract()) {
                     return Err((mask, v));

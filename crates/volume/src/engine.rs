@@ -93,6 +93,9 @@ impl Runs {
 pub(crate) type Commit<'a> =
     Box<dyn FnOnce(Superblock) -> BoxFuture<'a, Result<(), VolumeError>> + Send + 'a>;
 
+/// What [`Engine::freeze`] holds until it is dropped.
+pub(crate) type Hold<'a> = Box<dyn Send + 'a>;
+
 /// One volume's data path. Ranges are checked by `Volume` before any
 /// call, and changes are refused there for a read-only volume.
 pub(crate) trait Engine: Send + Sync {
@@ -134,6 +137,17 @@ pub(crate) trait Engine: Send + Sync {
     /// volume stays usable.
     fn quiesce(&self) -> BoxFuture<'_, Result<(), VolumeError>> {
         Box::pin(self.flush(true))
+    }
+
+    /// For a snapshot: quiesces (as [`Engine::quiesce`]) and holds back
+    /// every write the engine would issue on its own (a log's checkpoints)
+    /// until the returned guard is dropped, so nothing lands in the head
+    /// while it is frozen. The caller holds back the volume's writes.
+    fn freeze(&self) -> BoxFuture<'_, Result<Hold<'_>, VolumeError>> {
+        Box::pin(async move {
+            self.quiesce().await?;
+            Ok(Box::new(()) as Hold<'_>)
+        })
     }
 
     /// After [`Engine::quiesce`], at a clean close: stops what runs in the

@@ -85,6 +85,12 @@ pub enum PlantedBug {
     /// Writes go out without waiting for their tracts' intent bits to be
     /// durable.
     WriteBeforeIntent,
+    /// A snapshot freezes the head without making acknowledged writes
+    /// durable first (fast-ack's still in its cache land in the new head).
+    SnapshotSkipsFlush,
+    /// A write to a chunk an older layer holds lands there, in the data a
+    /// snapshot shares, instead of in the head.
+    WriteIntoSnapshot,
 }
 
 impl PlantedBug {
@@ -100,6 +106,8 @@ impl PlantedBug {
             "skip-cache-sync" => Some(PlantedBug::SkipCacheSync),
             "skip-reconcile" => Some(PlantedBug::SkipReconcile),
             "write-before-intent" => Some(PlantedBug::WriteBeforeIntent),
+            "snapshot-skips-flush" => Some(PlantedBug::SnapshotSkipsFlush),
+            "write-into-snapshot" => Some(PlantedBug::WriteIntoSnapshot),
             _ => None,
         }
     }

@@ -96,6 +96,7 @@ pub struct Volume {
     /// Opened without claiming it (`open_read_only`, a snapshot): changes
     /// refused.
     read_only: bool,
+    planted: PlantedBug,
 }
 
 /// Smallest tract a volume fits in: two superblock copies, the intent
@@ -320,9 +321,14 @@ impl Volume {
             sb = Self::settle_superblock(&io).await?;
         }
         let striping = striping_for(&sb, io.tract_size());
-        let layers =
-            crate::snap::stack::open(io.clone(), &sb, Self::data_tracts(&sb, &striping, io.tract_size()))
-                .await?;
+        let layers = crate::snap::stack::open(
+            io.clone(),
+            &sb,
+            Self::data_tracts(&sb, &striping, io.tract_size()),
+            true,
+            planted,
+        )
+        .await?;
         let raw = io;
         let io: Arc<dyn BlobIo> = Arc::new(Layered(layers.clone()));
         let env_kept = env.clone();
@@ -343,7 +349,9 @@ impl Volume {
                 Box::new(LogEngine::open(env, io.clone(), geom, sb.exposure, planted).await?)
             }
         };
-        Ok(Self::assemble(Some(env_kept), raw, sb, engine, Some(layers), recovery, false))
+        let mut v = Self::assemble(Some(env_kept), raw, sb, engine, Some(layers), recovery, false);
+        v.planted = planted;
+        Ok(v)
     }
 
     fn assemble(
@@ -367,6 +375,7 @@ impl Volume {
             control: std::sync::Mutex::new(None),
             recovery,
             read_only,
+            planted: PlantedBug::None,
         }
     }
 
@@ -439,9 +448,14 @@ impl Volume {
             ));
         }
         let striping = striping_for(&sb, io.tract_size());
-        let layers =
-            crate::snap::stack::open(io.clone(), &sb, Self::data_tracts(&sb, &striping, io.tract_size()))
-                .await?;
+        let layers = crate::snap::stack::open(
+            io.clone(),
+            &sb,
+            Self::data_tracts(&sb, &striping, io.tract_size()),
+            false,
+            PlantedBug::None,
+        )
+        .await?;
         let view: Arc<dyn BlobIo> = Arc::new(Layered(layers.clone()));
         let engine = Box::new(WriteThrough::new(view, striping, None));
         Ok(Self::assemble(None, io, sb, engine, Some(layers), Recovery::default(), true))
@@ -478,7 +492,10 @@ impl Volume {
         // before is made durable first (fast-ack and log: a durable flush),
         // and the intent bits are cleared (the new head starts clean).
         let _alone = self.gate.write().await;
-        self.engine.quiesce().await?;
+        let _held = match self.planted {
+            PlantedBug::SnapshotSkipsFlush => None,
+            _ => Some(self.engine.freeze().await?),
+        };
         let now = self
             .env
             .as_ref()

@@ -4,6 +4,7 @@
 //! are").
 
 mod authz;
+mod blob_snapshots;
 mod cluster_tls;
 mod common;
 mod crash_sigkill;

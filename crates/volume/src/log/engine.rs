@@ -14,7 +14,7 @@ use blizzard_env::{Env, Instant};
 use super::perm::Permutation;
 use super::record::{decode_header, encode_header, BlockHeader, Checkpoint, Kind, HEADER_LEN, UNMAPPED};
 use crate::cache::{Data, WriteCache};
-use crate::engine::{AllocExtent, Commit, Engine, Runs};
+use crate::engine::{AllocExtent, Commit, Engine, Hold, Runs};
 use crate::io::BlobIo;
 use crate::retry::{self, Refusal};
 use crate::superblock::Superblock;
@@ -1117,6 +1117,18 @@ impl Engine for Arc<LogEngine> {
 
     fn outstanding(&self) -> (u64, u64) {
         LogEngine::outstanding(self)
+    }
+
+    /// The log drained and durable, and no checkpoint until the guard goes:
+    /// a checkpoint written while the head is frozen would land in the
+    /// frozen layer, unseen by both views, and free blocks the log still
+    /// needs.
+    fn freeze(&self) -> BoxFuture<'_, Result<Hold<'_>, VolumeError>> {
+        Box::pin(async move {
+            let one = self.ckpt_lock.lock().await;
+            LogEngine::flush(self, true).await?;
+            Ok(Box::new(one) as Hold<'_>)
+        })
     }
 
     /// A log volume grows its log first when the new size needs more

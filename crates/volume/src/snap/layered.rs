@@ -32,6 +32,7 @@ use blizzard_env::lock;
 
 use super::map::{TractBits, View};
 use crate::io::{BlobIo, CacheReceipt, IoError};
+use crate::PlantedBug;
 
 const CHUNK: u64 = CHUNK_SIZE as u64;
 
@@ -85,17 +86,19 @@ pub struct LayeredIo {
     /// by its writer (two first writes to one chunk must not both copy).
     first: Mutex<HashMap<(u64, u32), ChunkLock>>,
     chunks_per_tract: u32,
+    planted: PlantedBug,
 }
 
 impl LayeredIo {
-    pub(crate) fn new(blob: Arc<dyn BlobIo>, stack: Stack, head: HashMap<u64, TractBits>) -> Arc<LayeredIo> {
+    pub(crate) fn new(blob: Arc<dyn BlobIo>, stack: Stack, planted: PlantedBug) -> Arc<LayeredIo> {
         let chunks_per_tract = blob.tract_size() / CHUNK_SIZE;
         Arc::new(LayeredIo {
             blob,
             stack: RwLock::new(stack),
-            head: Mutex::new(head),
+            head: Mutex::new(HashMap::new()),
             first: Mutex::new(HashMap::new()),
             chunks_per_tract,
+            planted,
         })
     }
 
@@ -259,6 +262,14 @@ impl LayeredIo {
         for &c in &lacking {
             let m = lock(&self.first).entry((tract, c)).or_default().clone();
             guards.push((c, m.clone(), m.lock_owned().await));
+        }
+        if self.planted == PlantedBug::WriteIntoSnapshot {
+            // The bug: a chunk an older layer holds is written where it is.
+            if let Some(l) =
+                (c0..c1).find_map(|c| s.frozen.layer_of(tract, c)).filter(|_| !lacking.is_empty())
+            {
+                return put(s.phys(l, tract), offset, bytes(&data)).await;
+            }
         }
         let r = async {
             let mut w_start = start;

@@ -21,7 +21,6 @@
 //! grows over them (`Layered::extend_to`). Nothing of a frozen layer is
 //! ever written again, so a crash cannot change a snapshot.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -99,6 +98,80 @@ pub(crate) async fn read_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef) -> Result
         .ok_or_else(|| bad("neither slot of the snapshot catalog is intact", "torn or damaged"))
 }
 
+/// Reads `len` bytes from the start of blob tract `first` on every
+/// replica; every copy `None` when a chunk fails its CRC (the read of
+/// every replica fails then).
+async fn read_record_replicas(
+    blob: &Arc<dyn BlobIo>,
+    first: u64,
+    len: u64,
+) -> Result<Vec<Option<Vec<u8>>>, VolumeError> {
+    let ts = blob.tract_size() as u64;
+    let n = blob.replication().max(1) as usize;
+    let mut out: Vec<Option<Vec<u8>>> = vec![Some(Vec::with_capacity(len as usize)); n];
+    for i in 0..len.div_ceil(ts) {
+        let part = (len - i * ts).min(ts) as u32;
+        match blob.read_replicas(first + i, 0, part).await {
+            Ok(copies) => {
+                for (k, o) in out.iter_mut().enumerate() {
+                    match (o.as_mut(), copies.get(k)) {
+                        (Some(o), Some(c)) => o.extend_from_slice(c),
+                        _ => *o = None,
+                    }
+                }
+            }
+            Err(e) if e.is_corrupt() => return Ok(vec![None; n]),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
+/// Makes the catalog the same on every replica before the volume is
+/// written (as `Volume::settle_superblock` does for the superblock, and
+/// for the same reason): a catalog write cut off by a crash may have
+/// reached some replicas, and reads pick one, so two opens could find two
+/// different heads. Catalog writes are issued one at a time, each durable
+/// on every replica before the next, so at most one slot is unsettled.
+/// The newest copy intact on any replica is made the newest on every
+/// replica: rewritten in place, or one generation up over the unsettled
+/// slot. Returns it.
+async fn settle_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef) -> Result<Catalog, VolumeError> {
+    let mut settled = [true; 2];
+    let mut best: Option<(usize, Catalog)> = None;
+    for (slot, settled) in settled.iter_mut().enumerate() {
+        let first = r.catalog + slot as u64 * r.slot_tracts;
+        // The longest record any replica's header claims.
+        let heads = read_record_replicas(blob, first, Catalog::header_len() as u64).await?;
+        let len = heads
+            .iter()
+            .flatten()
+            .filter_map(|h| Catalog::record_len(h).ok().flatten())
+            .max()
+            .unwrap_or(Catalog::header_len() as u64);
+        let copies = read_record_replicas(blob, first, len).await?;
+        *settled = copies.iter().all(Option::is_some) && copies.windows(2).all(|w| w[0] == w[1]);
+        for c in copies.iter().flatten() {
+            if let Ok(cat) = Catalog::decode(c) {
+                if best.as_ref().is_none_or(|(_, b)| cat.generation > b.generation) {
+                    best = Some((slot, cat));
+                }
+            }
+        }
+    }
+    let Some((from, mut cat)) = best else {
+        return Err(bad("neither slot of the snapshot catalog is intact", "torn or damaged"));
+    };
+    if !settled[from] {
+        write_catalog(blob, r, &cat).await?;
+    }
+    if !settled[1 - from] {
+        cat.generation += 1;
+        write_catalog(blob, r, &cat).await?;
+    }
+    Ok(cat)
+}
+
 async fn write_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef, c: &Catalog) -> Result<(), VolumeError> {
     let first = r.catalog + Catalog::slot_of(c.generation) * r.slot_tracts;
     write_record(blob, first, &c.encode()).await
@@ -134,19 +207,26 @@ async fn presence_of(blob: &Arc<dyn BlobIo>, base: u64, tracts: u64) -> Result<P
 /// The blob of a volume opened for writing, as its engines see it: its
 /// stack of layers when it has snapshots (the catalog, every frozen
 /// layer's presence, the head's asked of the tractservers), else its
-/// tracts as they are. `tracts` is the volume's (tract 0 included).
+/// tracts as they are. `tracts` is the volume's (tract 0 included). Its
+/// `writer` (the process that claimed it) settles the catalog first.
 pub(crate) async fn open(
     blob: Arc<dyn BlobIo>,
     sb: &Superblock,
     tracts: u64,
+    writer: bool,
+    planted: crate::PlantedBug,
 ) -> Result<Arc<LayeredIo>, VolumeError> {
     let Some(r) = sb.layers else {
         let cpt = blob.tract_size() / CHUNK_SIZE;
-        return Ok(LayeredIo::new(blob, Stack::plain(tracts, cpt), HashMap::new()));
+        return Ok(LayeredIo::new(blob, Stack::plain(tracts, cpt), planted));
     };
-    let cat = read_catalog(&blob, r).await?;
+    let cat = if writer && blob.replication() > 1 {
+        settle_catalog(&blob, r).await?
+    } else {
+        read_catalog(&blob, r).await?
+    };
     let stack = stack_of(&blob, &cat, cat.layers.len() - 1, tracts, true).await?;
-    let io = LayeredIo::new(blob, stack, HashMap::new());
+    let io = LayeredIo::new(blob, stack, planted);
     io.load_head(PARALLEL).await?;
     Ok(io)
 }
@@ -194,7 +274,7 @@ pub(crate) async fn open_snapshot(
     let layer = &cat.layers[i];
     let info = layer.snapshot.clone().ok_or_else(missing)?;
     let stack = stack_of(blob, &cat, i, layer.tracts + 1, false).await?;
-    Ok((LayeredIo::new(blob.clone(), stack, HashMap::new()), info))
+    Ok((LayeredIo::new(blob.clone(), stack, crate::PlantedBug::None), info))
 }
 
 /// What `volume list` shows of a snapshot.
