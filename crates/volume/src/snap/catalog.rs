@@ -44,8 +44,8 @@ pub struct Layer {
     /// Volume tracts the layer spans (its volume's data tracts, tract 0
     /// excluded, when it was made).
     pub tracts: u64,
-    /// Where its presence record is (blob tract, bytes): `None` for the
-    /// head, which the tractservers' chunk maps describe.
+    /// Where its presence record is (byte address in the blob, bytes):
+    /// `None` for the head, which the tractservers' chunk maps describe.
     pub presence: Option<(u64, u64)>,
     /// The snapshot it is, if one names it.
     pub snapshot: Option<SnapInfo>,
@@ -56,6 +56,9 @@ pub struct Catalog {
     pub generation: u64,
     /// Oldest first; the last is the head.
     pub layers: Vec<Layer>,
+    /// The tract presence records are being appended to, and the bytes of
+    /// it used (`None`: the next record starts a tract).
+    pub records: Option<(u64, u64)>,
 }
 
 impl Catalog {
@@ -65,6 +68,7 @@ impl Catalog {
         Catalog {
             generation: 0,
             layers: vec![Layer { id: 0, base: 1, tracts: data_tracts, presence: None, snapshot: None }],
+            records: None,
         }
     }
 
@@ -85,6 +89,9 @@ impl Catalog {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
+        let (rt, used) = self.records.unwrap_or((0, 0));
+        body.extend_from_slice(&rt.to_le_bytes());
+        body.extend_from_slice(&used.to_le_bytes());
         body.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
         for l in &self.layers {
             body.extend_from_slice(&l.id.to_le_bytes());
@@ -161,6 +168,8 @@ impl Catalog {
         let generation =
             u64::from_le_bytes(b[12..20].try_into().map_err(|_| RecordError::Field(W, "generation"))?);
         let mut d = Dec(&b[HEADER..len - 4]);
+        let (rt, used) = (d.u64()?, d.u64()?);
+        let records = (rt != 0).then_some((rt, used));
         let n = d.u32()? as usize;
         if n == 0 || n > LAYERS_MAX {
             return Err(RecordError::Field(W, "layers"));
@@ -190,7 +199,7 @@ impl Catalog {
         if !d.0.is_empty() {
             return Err(RecordError::Field(W, "length"));
         }
-        let c = Catalog { generation, layers };
+        let c = Catalog { generation, layers, records };
         c.validate().map_err(|f| RecordError::Field(W, f))?;
         Ok(c)
     }
@@ -206,6 +215,9 @@ impl Catalog {
         }
         if head.presence.is_some() || head.snapshot.is_some() {
             return Err("head");
+        }
+        if self.records.is_some_and(|(t, _)| t == 0) {
+            return Err("records");
         }
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
@@ -286,6 +298,7 @@ mod tests {
 
     fn two_snapshots() -> Catalog {
         Catalog {
+            records: Some((129, 8192)),
             generation: 7,
             layers: vec![
                 Layer { id: 0, base: 1, tracts: 128, presence: Some((129, 4000)), snapshot: snap("monday") },
@@ -347,7 +360,7 @@ mod tests {
             // And what fails the rules is refused when read.
             assert!(Catalog::decode(&c.encode()).is_err(), "{want}");
         }
-        assert_eq!(Catalog { generation: 0, layers: vec![] }.validate(), Err("layers"));
+        assert_eq!(Catalog { generation: 0, layers: vec![], records: None }.validate(), Err("layers"));
     }
 
     #[test]
@@ -378,7 +391,7 @@ mod tests {
                 }),
             })
             .collect();
-        let c = Catalog { generation: 1, layers };
+        let c = Catalog { generation: 1, layers, records: None };
         let b = c.encode();
         assert!(b.len() as u64 <= SLOT_BYTES, "{} bytes", b.len());
         assert_eq!(Catalog::decode(&b).map(|d| d.layers.len()), Ok(LAYERS_MAX));

@@ -8,7 +8,9 @@
 //! 1. the head's chunk map: kept in memory once the volume has a frozen
 //!    layer; for its first snapshot, asked of the tractservers;
 //! 2. the blob extended at its end: the catalog's two slots (first
-//!    snapshot only), the head's presence record, the new head's tracts;
+//!    snapshot only), a tract for the head's presence record unless it
+//!    fits after the last record (they share tracts: a tract slot holds
+//!    thousands of them), the new head's tracts;
 //! 3. the presence record written;
 //! 4. the catalog written to the slot its generation names: from here the
 //!    head is frozen and the new head is the one written. For the first
@@ -42,29 +44,38 @@ fn bad(what: &str, e: impl std::fmt::Display) -> VolumeError {
     VolumeError::Invalid(format!("{what}: {e}; the volume's snapshots cannot be read (the volume itself may still open if its head is intact)"))
 }
 
-/// Writes `bytes` from the start of blob tract `first`, on as many tracts
-/// as it takes (padded to whole chunks), all in parallel.
-async fn write_record(blob: &Arc<dyn BlobIo>, first: u64, bytes: &[u8]) -> Result<(), VolumeError> {
-    let ts = blob.tract_size() as usize;
+/// Writes `bytes` at byte `at` of the blob (a whole chunk at least: padded
+/// with zeros), one write per tract it spans, all in parallel.
+async fn write_record(blob: &Arc<dyn BlobIo>, at: u64, bytes: &[u8]) -> Result<(), VolumeError> {
+    let ts = blob.tract_size() as u64;
     let mut padded = bytes.to_vec();
     padded.resize(bytes.len().div_ceil(CHUNK_SIZE as usize) * CHUNK_SIZE as usize, 0);
-    let writes = padded
-        .chunks(ts)
-        .enumerate()
-        .map(|(i, part)| blob.write(first + i as u64, 0, Bytes::copy_from_slice(part)));
+    let mut writes = Vec::new();
+    let mut done = 0u64;
+    while done < padded.len() as u64 {
+        let x = at + done;
+        let n = (ts - x % ts).min(padded.len() as u64 - done);
+        let part = Bytes::copy_from_slice(&padded[done as usize..(done + n) as usize]);
+        writes.push(blob.write(x / ts, (x % ts) as u32, part));
+        done += n;
+    }
     for r in futures::future::join_all(writes).await {
         r?;
     }
     Ok(())
 }
 
-/// Reads `len` bytes from the start of blob tract `first`.
-async fn read_record(blob: &Arc<dyn BlobIo>, first: u64, len: u64) -> Result<Vec<u8>, VolumeError> {
+/// Reads `len` bytes at byte `at` of the blob.
+async fn read_record(blob: &Arc<dyn BlobIo>, at: u64, len: u64) -> Result<Vec<u8>, VolumeError> {
     let ts = blob.tract_size() as u64;
-    let reads = (0..len.div_ceil(ts)).map(|i| {
-        let n = (len - i * ts).min(ts) as u32;
-        blob.read(first + i, 0, n)
-    });
+    let mut reads = Vec::new();
+    let mut done = 0u64;
+    while done < len {
+        let x = at + done;
+        let n = (ts - x % ts).min(len - done);
+        reads.push(blob.read(x / ts, (x % ts) as u32, n as u32));
+        done += n;
+    }
     let mut out = Vec::with_capacity(len as usize);
     for r in futures::future::join_all(reads).await {
         out.extend_from_slice(&r?);
@@ -86,7 +97,7 @@ pub(crate) async fn read_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef) -> Result
             Ok(Some(l)) => l,
             Ok(None) | Err(_) => continue,
         };
-        let bytes = match read_record(blob, first, len).await {
+        let bytes = match read_record(blob, first * blob.tract_size() as u64, len).await {
             Ok(b) => b,
             Err(VolumeError::Io(e)) if e.is_corrupt() => continue,
             Err(e) => return Err(e),
@@ -174,7 +185,7 @@ async fn settle_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef) -> Result<Catalog,
 
 async fn write_catalog(blob: &Arc<dyn BlobIo>, r: LayersRef, c: &Catalog) -> Result<(), VolumeError> {
     let first = r.catalog + Catalog::slot_of(c.generation) * r.slot_tracts;
-    write_record(blob, first, &c.encode()).await
+    write_record(blob, first * blob.tract_size() as u64, &c.encode()).await
 }
 
 /// Layer `l`'s presence record.
@@ -367,18 +378,30 @@ pub(crate) async fn take(
     } else {
         Presence { tracts: io.head_bits().into_iter().collect() }
     };
-    // 2. Room at the blob's end.
+    // 2. Room: the record goes after the last one in the records tract
+    // when it fits (a tract slot holds thousands of small records), else
+    // at the blob's end; the new head after everything.
     let record = presence.encode(head_id, cpt);
+    let padded = (record.len() as u64).div_ceil(CHUNK_SIZE as u64) * CHUNK_SIZE as u64;
     let mut next = blob.size_tracts().max(head_base + s.tracts - 1);
     if first {
         next = next.max(r.catalog + 2 * r.slot_tracts);
     }
-    let record_at = next;
-    let new_base = record_at + (record.len() as u64).div_ceil(ts);
+    let record_at = match cat.records {
+        Some((t, used)) if used + padded <= ts => t * ts + used,
+        _ => {
+            let at = next * ts;
+            next += padded.div_ceil(ts);
+            at
+        }
+    };
+    let new_base = next;
     blob.extend_to(new_base + s.tracts - 1).await?;
     // 3. The record.
     write_record(&blob, record_at, &record).await?;
     // 4. The catalog (and, the first time, the superblock): the switch.
+    let end = record_at + padded;
+    cat.records = (end % ts != 0).then_some((end / ts, end % ts));
     let frozen = cat.layers.len() - 1;
     cat.layers[frozen].presence = Some((record_at, record.len() as u64));
     cat.layers[frozen].tracts = s.tracts - 1;
