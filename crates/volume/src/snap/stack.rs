@@ -401,7 +401,7 @@ pub(crate) async fn take(
     write_record(&blob, record_at, &record).await?;
     // 4. The catalog (and, the first time, the superblock): the switch.
     let end = record_at + padded;
-    cat.records = (end % ts != 0).then_some((end / ts, end % ts));
+    cat.records = (!end.is_multiple_of(ts)).then_some((end / ts, end % ts));
     let frozen = cat.layers.len() - 1;
     cat.layers[frozen].presence = Some((record_at, record.len() as u64));
     cat.layers[frozen].tracts = s.tracts - 1;
