@@ -99,6 +99,18 @@ fill() { # fill VOLUME BYTES: sequential 1 MiB writes
 snapshot_ms() { # snapshot_ms VOLUME NAME: the command's own figure
     "$bin" volume snapshot "$1" "$2" --meta "$meta" | grep -o 'in [0-9.]* ms' | awk '{print $2}'
 }
+# abba ROW: ROW on plain and snap, alternated REPEAT times (plain first in
+# odd rounds); fills the arrays a (plain) and b (snap).
+abba() {
+    a=(); b=()
+    for r in $(seq 1 "$REPEAT"); do
+        if [ $((r % 2)) = 1 ]; then
+            a+=("$(fio_row "$1" plain)"); b+=("$(fio_row "$1" snap)")
+        else
+            b+=("$(fio_row "$1" snap)"); a+=("$(fio_row "$1" plain)")
+        fi
+    done
+}
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 
@@ -130,14 +142,7 @@ echo "random write: none ${a[*]} IOPS, right after a snapshot ${b[*]}"
 # steady: snap's head holds the whole working set since its last snapshot.
 snapshot_ms snap steady >/dev/null
 fill snap "$ws"
-a=(); b=()
-for r in $(seq 1 "$REPEAT"); do
-    if [ $((r % 2)) = 1 ]; then
-        a+=("$(fio_row randwrite plain)"); b+=("$(fio_row randwrite snap)")
-    else
-        b+=("$(fio_row randwrite snap)"); a+=("$(fio_row randwrite plain)")
-    fi
-done
+abba randwrite
 none_w2=$(median "${a[@]}")
 steady_w=$(median "${b[@]}")
 echo "random write: none ${a[*]} IOPS, head written whole since ${b[*]}"
@@ -151,14 +156,7 @@ for i in $(seq "$have" $((SNAPSHOTS - 1))); do
     later+=("$ms")
 done
 echo "snapshots of snap: $("$bin" volume list --meta "$meta" | grep -c '^snap@'); later ones took a median of $(median "${later[@]}") ms"
-a=(); b=()
-for r in $(seq 1 "$REPEAT"); do
-    if [ $((r % 2)) = 1 ]; then
-        a+=("$(fio_row randread plain)"); b+=("$(fio_row randread snap)")
-    else
-        b+=("$(fio_row randread snap)"); a+=("$(fio_row randread plain)")
-    fi
-done
+abba randread
 none_r=$(median "${a[@]}")
 read_n=$(median "${b[@]}")
 echo "random read: none ${a[*]} IOPS, with $SNAPSHOTS snapshots ${b[*]}"

@@ -14,13 +14,11 @@ use blizzard_env::{Env, Instant};
 use super::perm::Permutation;
 use super::record::{decode_header, encode_header, BlockHeader, Checkpoint, Kind, HEADER_LEN, UNMAPPED};
 use crate::cache::{Data, WriteCache};
-use crate::engine::{AllocExtent, Commit, Engine, Hold, Runs};
+use crate::engine::Runs;
 use crate::io::BlobIo;
 use crate::retry::{self, Refusal};
-use crate::superblock::Superblock;
 use crate::superblock::{ExposureLimits, LogExtent, LogGeometry, LOG_EXTENTS_MAX};
 use crate::{PlantedBug, VolumeError};
-use futures::future::BoxFuture;
 
 /// Where the log lives in the blob.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1082,90 +1080,7 @@ async fn roll_forward(io: &Arc<dyn BlobIo>, st: &mut State, planted: PlantedBug)
     Ok(applied)
 }
 
-/// The log engine behind `Volume`.
-impl Engine for Arc<LogEngine> {
-    fn read(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Bytes, VolumeError>> {
-        Box::pin(LogEngine::read(self, offset, len))
-    }
-
-    fn write(&self, offset: u64, data: Data, fua: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
-        Box::pin(async move {
-            LogEngine::write(self, offset, data).await?;
-            if fua {
-                LogEngine::flush(self, true).await?;
-            }
-            Ok(())
-        })
-    }
-
-    fn flush(&self, durable: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
-        Box::pin(LogEngine::flush(self, durable))
-    }
-
-    fn allocation(&self, offset: u64, len: u64) -> BoxFuture<'_, Result<Vec<AllocExtent>, VolumeError>> {
-        let bs = self.bs();
-        let (mapped, cached) = LogEngine::allocation(self, offset, len);
-        let mut runs = Runs::default();
-        let first = offset / bs;
-        for (i, m) in mapped.into_iter().enumerate() {
-            let b = (first + i as u64) * bs;
-            runs.push(b.max(offset), (b + bs).min(offset + len), m);
-        }
-        runs.overlay(&cached);
-        Box::pin(async move { Ok(runs.into_extents()) })
-    }
-
-    fn outstanding(&self) -> (u64, u64) {
-        LogEngine::outstanding(self)
-    }
-
-    /// The log drained and durable, and no checkpoint until the guard goes:
-    /// a checkpoint written while the head is frozen would land in the
-    /// frozen layer, unseen by both views, and free blocks the log still
-    /// needs.
-    fn freeze(&self) -> BoxFuture<'_, Result<Hold<'_>, VolumeError>> {
-        Box::pin(async move {
-            let one = self.ckpt_lock.lock().await;
-            LogEngine::flush(self, true).await?;
-            Ok(Box::new(one) as Hold<'_>)
-        })
-    }
-
-    /// A log volume grows its log first when the new size needs more
-    /// blocks (`LogEngine::grow`; design 0003, "Resizing a log volume").
-    fn resize<'a>(
-        &'a self,
-        mut next: Superblock,
-        commit: Commit<'a>,
-    ) -> BoxFuture<'a, Result<Superblock, VolumeError>> {
-        Box::pin(async move {
-            let geom = self.geom();
-            if next.size_bytes.div_ceil(geom.block_size) <= geom.vblocks {
-                // Still inside the last block: the log is unchanged and the
-                // bytes gained were never writable, so read as zeros.
-                commit(next.clone()).await?;
-                return Ok(next);
-            }
-            let new = geom.grow(next.size_bytes)?;
-            next.log = Some(new.superblock_part());
-            let moved = new.ckpt_tracts != geom.ckpt_tracts;
-            self.grow(new, commit(next.clone())).await?;
-            if moved {
-                // The superblock is durable on every replica: no open can
-                // pick the old geometry again, so its slots are free. Best
-                // effort: a crash here only leaves their space in use.
-                for &first in &geom.ckpt_tracts {
-                    for t in first..first + geom.ckpt_slot_tracts {
-                        if let Err(e) = self.io.trim(t, 0, geom.tract_size as u32).await {
-                            tracing::warn!(tract = t, error = %e, "could not release an old checkpoint slot");
-                        }
-                    }
-                }
-            }
-            Ok(next)
-        })
-    }
-}
+mod as_engine;
 
 #[cfg(test)]
 mod tests {
