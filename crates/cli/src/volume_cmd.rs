@@ -88,13 +88,16 @@ pub(crate) enum VolumeCmd {
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
     },
-    /// Grow a volume. Stop whatever serves it first (`blizzard up`,
-    /// `blizzard nbd`): a volume has one writer, and nothing yet stops a
-    /// second one from opening it (a log volume could be damaged).
+    /// Grow (or, with --allow-shrink, shrink) a volume, served or not:
+    /// the process serving it on this host does it (its control socket);
+    /// NBD clients that connect after see the new size.
     Resize {
         name: String,
         #[arg(long, value_parser = size)]
         size: u64,
+        /// Allow a smaller size: everything past it is discarded.
+        #[arg(long)]
+        allow_shrink: bool,
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
     },
@@ -244,7 +247,7 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                     return Err(e).with_context(|| format!("cannot create volume {name:?}"));
                 }
             };
-            print_volume(v.superblock());
+            print_volume(&v.superblock());
             v.close().await?;
         }
         VolumeCmd::List { meta } => {
@@ -384,9 +387,13 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             };
             print_access(&list);
         }
-        VolumeCmd::Resize { name, size, meta } => {
+        VolumeCmd::Resize { name, size, allow_shrink, meta } => {
             let client = connect(&env, &meta).await?;
-            print_volume(&manage::resize(env, &client, &name, size).await?);
+            let (sb, via) = manage::resize(env, &client, &name, size, allow_shrink)
+                .await
+                .with_context(|| format!("cannot resize volume {name:?}"))?;
+            println!("resized volume {name} to {} bytes{}", sb.size_bytes, via_note(via));
+            print_volume(&sb);
         }
         VolumeCmd::Delete { name, meta } if name.contains('@') => {
             let (vol, snap) = snapshot_ref(&name)?;
@@ -439,7 +446,7 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
                     return Err(e).with_context(|| format!("cannot clone {source} as {new:?}"));
                 }
             };
-            print_volume(v.superblock());
+            print_volume(&v.superblock());
             println!("clone of    {source} (shares its objects; neither sees the other's writes)");
             v.close().await?;
         }

@@ -15,6 +15,9 @@
 //!   mode and policy (taking one makes what was acknowledged durable).
 //! - **snapshots** ([`expected_snapshot`]): a snapshot reads exactly the
 //!   writes before it, which had all completed when it was taken.
+//! - **resizes**: a shrink to `offset` and a grow back by `len` is a trim
+//!   of `[offset, offset + len)` that also closes the epoch durably (the
+//!   volume flushes before it switches sizes).
 //!
 //! A zero sector may be the initial state or any trim in its history; it
 //! allows each of those positions.
@@ -30,6 +33,9 @@ pub enum OpKind {
     Flush,
     /// A snapshot named `s{id}`; it closes the epoch, as a flush does.
     Snapshot,
+    /// A shrink to `offset` bytes, then a grow back by `len`: the bytes
+    /// past `offset` read as zeros after. It closes the epoch durably.
+    Resize,
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +75,8 @@ pub enum Violation {
     LostSnapshot { name: String, why: String },
     #[error("snapshot {name}: sector at {at} holds {found} where it must hold {want}")]
     SnapshotDiffers { name: String, at: u64, found: String, want: String },
+    #[error("the volume came back {size} bytes long (a resize cut off), and grown back it reads {found} at {at}: past its size it must read zeros")]
+    OldDataPastSize { size: u64, at: u64, found: String },
     #[error("the volume could not be recovered: {0}")]
     Unrecoverable(String),
     #[error("the trial could not run: {0}")]
@@ -161,7 +169,7 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
                 .chain(
                     hist.iter()
                         .enumerate()
-                        .filter(|(_, h)| ops[**h as usize].kind == OpKind::Trim)
+                        .filter(|(_, h)| matches!(ops[**h as usize].kind, OpKind::Trim | OpKind::Resize))
                         .map(|(p, _)| Some(p)),
                 )
                 .collect(),
@@ -211,7 +219,7 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
             .filter(|o| o.acked)
             .filter(|o| match o.kind {
                 OpKind::Flush => contract.acked_flushes_durable,
-                OpKind::Snapshot => true,
+                OpKind::Snapshot | OpKind::Resize => true,
                 _ => false,
             })
             .map(|o| o.epoch + 1)
@@ -242,6 +250,21 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
     Ok(())
 }
 
+/// A volume found `size` bytes long after a crash (a shrink's switch
+/// happened, its grow back did not) and then grown back must read zeros
+/// past `size`, whatever the shrink's own trims had done.
+pub fn check_zero_past(image: &[u8], size: u64) -> Result<(), Violation> {
+    let from = (size as usize).min(image.len());
+    match image[from..].chunks(SECTOR).position(|s| s.iter().any(|&b| b != 0)) {
+        None => Ok(()),
+        Some(s) => {
+            let at = from as u64 + (s * SECTOR) as u64;
+            let r = from + s * SECTOR..(from + (s + 1) * SECTOR).min(image.len());
+            Err(Violation::OldDataPastSize { size, at, found: describe(&image[r], at) })
+        }
+    }
+}
+
 /// What snapshot op `ops[at]` must read: every write and trim before it,
 /// in order (the workload issues a snapshot only once everything before
 /// it completed). `None` when one of them was not acknowledged (it failed:
@@ -252,9 +275,9 @@ pub fn expected_snapshot(ops: &[LoggedOp], at: usize, size: usize) -> Option<Vec
         let range = op.offset as usize..((op.offset + op.len) as usize).min(size);
         match op.kind {
             OpKind::Write if !op.acked => return None,
-            OpKind::Trim if !op.acked => return None,
+            OpKind::Trim | OpKind::Resize if !op.acked => return None,
             OpKind::Write => crate::tag::fill(&mut img[range], op.offset, op.id, op.epoch),
-            OpKind::Trim => img[range].fill(0),
+            OpKind::Trim | OpKind::Resize => img[range].fill(0),
             OpKind::Flush | OpKind::Snapshot => {}
         }
     }

@@ -413,6 +413,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         in_flight_at_crash: 0,
         objects_deleted: 0,
         snapshot_checked: false,
+        resized: false,
         violation: Some(Violation::TrialFailed(e)),
     };
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -441,7 +442,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
             .map_err(|e| e.to_string())?;
         let target =
             Arc::new(Lsvd { v, snap_after, flushes: Default::default(), snap: Mutex::new(SnapState::None) });
-        let log = drive(target.clone(), planned, depth, tail, env.clone()).await;
+        let log = drive(target.clone(), planned, depth, tail, None, env.clone()).await;
         let snap = *lock(&target.snap);
         Ok((log, snap))
     });
@@ -505,6 +506,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         in_flight_at_crash: 0,
         objects_deleted: deleted,
         snapshot_checked,
+        resized: false,
         violation,
     }
 }

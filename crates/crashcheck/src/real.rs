@@ -45,6 +45,7 @@ impl Event {
                     OpKind::Trim => 'T',
                     OpKind::Flush => 'F',
                     OpKind::Snapshot => 'S',
+                    OpKind::Resize => 'R',
                 };
                 format!("I {} {k} {} {} {}\n", op.id, op.offset, op.len, op.epoch)
             }
@@ -73,6 +74,7 @@ pub fn parse_log(text: &str) -> Result<Vec<LoggedOp>, String> {
                     Some(&"T") => OpKind::Trim,
                     Some(&"F") => OpKind::Flush,
                     Some(&"S") => OpKind::Snapshot,
+                    Some(&"R") => OpKind::Resize,
                     _ => return Err(format!("event log line {}: bad kind in {line:?}", n + 1)),
                 };
                 let op = LoggedOp {
@@ -122,7 +124,7 @@ pub async fn drive_logged(
         // complete, no overlapping writes at once.
         loop {
             let blocked = match op.kind {
-                OpKind::Flush | OpKind::Snapshot => !ranges.is_empty(),
+                OpKind::Flush | OpKind::Snapshot | OpKind::Resize => !ranges.is_empty(),
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -146,6 +148,12 @@ pub async fn drive_logged(
             OpKind::Snapshot => {
                 let name = crate::run::snapshot_name(op.id);
                 vol.snapshot(&name).await.map_err(|e| format!("snapshot {name} failed: {e}"))?;
+                record(&Event::Ack(op.id));
+            }
+            OpKind::Resize => {
+                crate::run::shrink_and_grow(&*vol, op.offset, op.len)
+                    .await
+                    .map_err(|e| format!("resize {} failed: {e}", op.id))?;
                 record(&Event::Ack(op.id));
             }
             OpKind::Write | OpKind::Trim => {

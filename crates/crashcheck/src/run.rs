@@ -22,7 +22,8 @@ use blizzard_volume::io::BlobIo;
 use blizzard_volume::{CommitMode, ExposureLimits, FlushPolicy, PlantedBug, Volume, VolumeSpec};
 
 use crate::checker::{
-    check, check_replicas_agree, check_snapshot, expected_snapshot, Contract, LoggedOp, OpKind, Violation,
+    check, check_replicas_agree, check_snapshot, check_zero_past, expected_snapshot, Contract, LoggedOp,
+    OpKind, Violation,
 };
 use crate::mem::MemBlob;
 use crate::tag::{fill, SECTOR};
@@ -46,6 +47,9 @@ pub struct CheckConfig {
     /// Half the trials take snapshots among their writes (design 0011);
     /// each is read back after recovery.
     pub snapshots: bool,
+    /// Half the trials shrink and grow the volume among their writes
+    /// (not with snapshots in log mode, whose log cannot grow then).
+    pub resizes: bool,
 }
 
 impl CheckConfig {
@@ -62,6 +66,7 @@ impl CheckConfig {
             planted: PlantedBug::None,
             corrupt_tears: mode == CommitMode::Log,
             snapshots: true,
+            resizes: true,
         }
     }
 
@@ -85,6 +90,9 @@ pub struct Trial {
     pub objects_deleted: u64,
     /// LSVD trials: a snapshot was taken and read back after recovery.
     pub snapshot_checked: bool,
+    /// The volume was shrunk and grown back before the crash, or the
+    /// crash cut a resize off (recovery grew it back).
+    pub resized: bool,
     pub violation: Option<Violation>,
 }
 
@@ -134,7 +142,11 @@ pub(crate) struct Planned {
 pub(crate) fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     let n = rng.random_range(1..=cfg.ops_max);
     let snapshots = cfg.snapshots && rng.random_bool(0.5);
-    plan_ops_with(rng, cfg.volume_size, n, snapshots).into_iter().map(|op| Planned { op }).collect()
+    let resizes = cfg.resizes && rng.random_bool(0.5) && !(snapshots && cfg.mode == CommitMode::Log);
+    plan_ops_with(rng, cfg.volume_size, n, Extras { snapshots, resizes })
+        .into_iter()
+        .map(|op| Planned { op })
+        .collect()
 }
 
 /// The name the workload gives snapshot op `id`.
@@ -147,12 +159,21 @@ pub fn snapshot_name(id: u64) -> String {
 /// hot region so overwrites are common), some trims, and a flush every
 /// few writes.
 pub fn plan_ops(rng: &mut SmallRng, volume_size: u64, n: usize) -> Vec<LoggedOp> {
-    plan_ops_with(rng, volume_size, n, false)
+    plan_ops_with(rng, volume_size, n, Extras::default())
 }
 
-/// [`plan_ops`], with snapshots among the ops when `snapshots` (about one
-/// op in 16: each closes the epoch, as a flush does).
-pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, snapshots: bool) -> Vec<LoggedOp> {
+/// What a workload does besides writes, trims and flushes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    /// Snapshots, about one op in 16.
+    pub snapshots: bool,
+    /// A shrink and a grow back, about one op in 24.
+    pub resizes: bool,
+}
+
+/// [`plan_ops`] with `extras` among the ops; each closes the epoch, as a
+/// flush does.
+pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, extras: Extras) -> Vec<LoggedOp> {
     // Often a flush every few writes: many epochs in flight at a crash is
     // where ordering bugs show.
     let flush_every =
@@ -171,8 +192,23 @@ pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, snapshots: 
             since_flush = 0;
             continue;
         }
-        if snapshots && i > 0 && rng.random_ratio(1, 16) {
+        if extras.snapshots && i > 0 && rng.random_ratio(1, 16) {
             out.push(LoggedOp { id, kind: OpKind::Snapshot, offset: 0, len: 0, epoch, acked: false });
+            epoch += 1;
+            since_flush = 0;
+            continue;
+        }
+        if extras.resizes && i > 0 && rng.random_ratio(1, 24) {
+            // Down to any sector from a quarter of the volume up.
+            let to = rng.random_range(sectors / 4..sectors) * SECTOR as u64;
+            out.push(LoggedOp {
+                id,
+                kind: OpKind::Resize,
+                offset: to,
+                len: volume_size - to,
+                epoch,
+                acked: false,
+            });
             epoch += 1;
             since_flush = 0;
             continue;
@@ -214,6 +250,17 @@ pub trait Target: Send + Sync + 'static {
         let _ = name;
         Box::pin(async { Err("this target takes no snapshots".to_string()) })
     }
+    /// Resizes the volume to `size` bytes.
+    fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<(), String>> {
+        let _ = (size, allow_shrink);
+        Box::pin(async { Err("this target is not resized".to_string()) })
+    }
+}
+
+/// A [`OpKind::Resize`]: down to `to` bytes, then up by `by`.
+pub async fn shrink_and_grow<T: Target + ?Sized>(vol: &T, to: u64, by: u64) -> Result<(), String> {
+    vol.resize(to, true).await?;
+    vol.resize(to + by, false).await
 }
 
 impl Target for Volume {
@@ -229,15 +276,36 @@ impl Target for Volume {
     fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move { Volume::snapshot(self, name).await.map(|_| ()).map_err(|e| e.to_string()) })
     }
+    fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { Volume::resize(self, size, allow_shrink).await.map_err(|e| e.to_string()) })
+    }
 }
 
-/// Runs the workload until the crash point. Returns the op log with
-/// acknowledgments.
+/// Which of its flushes, snapshots and resizes a trial crashes inside:
+/// half the trials the last resize, the last snapshot or the last flush
+/// (one of those it has, at random); the rest crash after their last op.
+pub(crate) fn pick_cut(rng: &mut SmallRng, planned: &[Planned]) -> Option<usize> {
+    if !rng.random_bool(0.5) {
+        return None;
+    }
+    let last = |k: OpKind| planned.iter().rposition(|p| p.op.kind == k);
+    let have: Vec<usize> =
+        [OpKind::Resize, OpKind::Snapshot, OpKind::Flush].into_iter().filter_map(last).collect();
+    if have.is_empty() {
+        return None;
+    }
+    Some(have[rng.random_range(0..have.len())])
+}
+
+/// Runs the workload until the crash point: after the last op, or inside
+/// op `cut` (a flush, snapshot or resize: it gets `tail` to run, and no
+/// later op is issued). Returns the op log with acknowledgments.
 pub(crate) async fn drive<T: Target>(
     vol: Arc<T>,
     planned: Vec<Planned>,
     depth: usize,
     tail: Duration,
+    cut: Option<usize>,
     env: Env,
 ) -> Vec<LoggedOp> {
     let log: Arc<Mutex<Vec<LoggedOp>>> = Arc::new(Mutex::new(planned.iter().map(|p| p.op.clone()).collect()));
@@ -254,7 +322,7 @@ pub(crate) async fn drive<T: Target>(
         // overlapping writes at once (NBD leaves those undefined).
         loop {
             let blocked = match op.kind {
-                OpKind::Flush | OpKind::Snapshot => !ranges.is_empty(),
+                OpKind::Flush | OpKind::Snapshot | OpKind::Resize => !ranges.is_empty(),
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -269,6 +337,22 @@ pub(crate) async fn drive<T: Target>(
         }
         let vol = vol.clone();
         let log2 = log.clone();
+        if cut == Some(i) {
+            // The crash comes while this runs (with the writes before it).
+            let run = async {
+                let ok = match op.kind {
+                    OpKind::Flush => vol.flush().await.is_ok(),
+                    OpKind::Snapshot => vol.snapshot(&snapshot_name(op.id)).await.is_ok(),
+                    OpKind::Resize => shrink_and_grow(&*vol, op.offset, op.len).await.is_ok(),
+                    OpKind::Write | OpKind::Trim => false,
+                };
+                if ok {
+                    mark(&log2, i);
+                }
+            };
+            let _ = env.timeout(tail, run).await;
+            break;
+        }
         match op.kind {
             OpKind::Flush => {
                 if vol.flush().await.is_ok() {
@@ -279,6 +363,11 @@ pub(crate) async fn drive<T: Target>(
                 // Nothing is in flight (above): the snapshot must hold
                 // exactly the ops before it.
                 if vol.snapshot(&snapshot_name(op.id)).await.is_ok() {
+                    mark(&log2, i);
+                }
+            }
+            OpKind::Resize => {
+                if shrink_and_grow(&*vol, op.offset, op.len).await.is_ok() {
                     mark(&log2, i);
                 }
             }
@@ -317,6 +406,7 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
     let planned = plan(&mut rng, cfg);
     let depth = rng.random_range(1..=8usize);
     let tail = Duration::from_micros(rng.random_range(0..3000));
+    let cut = pick_cut(&mut rng, &planned);
     let env = trial_env(rng.random());
     let mem = MemBlob::new(env.clone(), rng.random(), cfg.tract_size, cfg.replication, (50, 2000));
     mem.set_corrupt_tears(cfg.corrupt_tears);
@@ -337,7 +427,7 @@ fn run_until_crash(seed: u64, cfg: &CheckConfig) -> Result<(MemBlob, Vec<LoggedO
         let fresh = Volume::format(env.clone(), io.clone(), &spec).await.map_err(|e| e.to_string())?;
         drop(fresh);
         let vol = Arc::new(Volume::open(env.clone(), io, cfg.planted).await.map_err(|e| e.to_string())?);
-        Ok::<_, String>(drive(vol, planned, depth, tail, env).await)
+        Ok::<_, String>(drive(vol, planned, depth, tail, cut, env).await)
     })?;
     // The client process dies here: its tasks are dropped mid-flight.
     drop(rt);
@@ -354,6 +444,9 @@ struct Recovered {
     snapshots: Vec<(usize, Bytes, Vec<Bytes>)>,
     /// Snapshot ops that did not open, with why.
     missing: Vec<(usize, String)>,
+    /// The volume was smaller than formatted (a resize cut off): its size
+    /// then; it was grown back before it was read.
+    grown_back: Option<u64>,
 }
 
 impl Recovered {
@@ -361,6 +454,9 @@ impl Recovered {
     /// every block must read the same whichever replica serves it.
     fn check(&self, log: &[LoggedOp], contract: Contract) -> Result<(), Violation> {
         check(log, &self.image, contract)?;
+        if let Some(size) = self.grown_back {
+            check_zero_past(&self.image, size)?;
+        }
         check_replicas_agree(&self.per_replica)?;
         // An acknowledged snapshot survives the crash; any that opens
         // (acknowledged or cut off) reads exactly the ops before it.
@@ -395,6 +491,14 @@ fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig, log: &[LoggedOp]) -> Res
         let io: Arc<dyn BlobIo> = Arc::new(blob.clone());
         let vol =
             Volume::open(env.clone(), io, cfg.planted).await.map_err(|e| format!("recovery failed: {e}"))?;
+        // Cut off between a shrink and its grow back: grown here, as an
+        // operator would (what it gains must read as zeros).
+        let grown_back = Some(vol.size()).filter(|&s| s < cfg.volume_size);
+        if grown_back.is_some() {
+            vol.resize(cfg.volume_size, false)
+                .await
+                .map_err(|e| format!("growing the recovered volume back: {e}"))?;
+        }
         let read = |what: String| {
             let vol = &vol;
             async move { vol.read(0, vol.size()).await.map_err(|e| format!("{what}: {e}")) }
@@ -435,7 +539,7 @@ fn recover(mem: &MemBlob, seed: u64, cfg: &CheckConfig, log: &[LoggedOp]) -> Res
             }
             snapshots.push((i, whole, each));
         }
-        Ok(Recovered { image, per_replica, snapshots, missing })
+        Ok(Recovered { image, per_replica, snapshots, missing, grown_back })
     })
 }
 
@@ -470,6 +574,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
                 in_flight_at_crash: 0,
                 objects_deleted: 0,
                 snapshot_checked: false,
+                resized: false,
                 violation: Some(Violation::TrialFailed(e)),
             }
         }
@@ -481,9 +586,14 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         let ops = rng.random_range(0..12);
         crash_during_recovery(&mem, seed, cfg, ops, &mut rng);
     }
-    let (violation, snapshot_checked) = match recover(&mem, seed, cfg, &log) {
-        Ok(r) => (r.check(&log, cfg.contract()).err(), r.snapshot_checked()),
-        Err(e) => (Some(Violation::Unrecoverable(e)), false),
+    let acked_resize = log.iter().any(|o| o.kind == OpKind::Resize && o.acked);
+    let (violation, snapshot_checked, resized) = match recover(&mem, seed, cfg, &log) {
+        Ok(r) => (
+            r.check(&log, cfg.contract()).err(),
+            r.snapshot_checked(),
+            acked_resize || r.grown_back.is_some(),
+        ),
+        Err(e) => (Some(Violation::Unrecoverable(e)), false, acked_resize),
     };
     Trial {
         seed,
@@ -492,6 +602,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         in_flight_at_crash: in_flight,
         objects_deleted: 0,
         snapshot_checked,
+        resized,
         violation,
     }
 }

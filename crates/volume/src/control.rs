@@ -13,7 +13,8 @@
 //! held, and the command says where to run it.
 //!
 //! The protocol is one request line and one reply line, each at most
-//! [`LINE_MAX`] bytes: `snapshot NAME` or `delete-snapshot NAME`, answered
+//! [`LINE_MAX`] bytes: `snapshot NAME`, `delete-snapshot NAME` or
+//! `resize BYTES` (`resize-shrink BYTES` to allow shrinking), answered
 //! `ok DETAIL` or `error MESSAGE`. [`Request`] and [`Reply`] are pure and
 //! refuse anything else; the shell around them is thin.
 
@@ -34,6 +35,9 @@ pub trait Controlled: Send + Sync + 'static {
     /// seq, a blob volume's new head layer).
     fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>>;
     fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>>;
+    /// Resizes the volume to `size` bytes (smaller only with
+    /// `allow_shrink`); returns the size now in force.
+    fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<u64, VolumeError>>;
 }
 
 /// Where blob volumes' control sockets are on this host:
@@ -66,6 +70,7 @@ const REQUEST_WAIT: Duration = Duration::from_secs(10);
 pub enum Request {
     Snapshot(String),
     DeleteSnapshot(String),
+    Resize { size: u64, allow_shrink: bool },
 }
 
 impl Request {
@@ -73,6 +78,8 @@ impl Request {
         match self {
             Request::Snapshot(n) => format!("snapshot {n}\n"),
             Request::DeleteSnapshot(n) => format!("delete-snapshot {n}\n"),
+            Request::Resize { size, allow_shrink: false } => format!("resize {size}\n"),
+            Request::Resize { size, allow_shrink: true } => format!("resize-shrink {size}\n"),
         }
     }
 
@@ -80,6 +87,18 @@ impl Request {
     /// snapshot names, so nothing else reaches the volume.
     pub fn parse(line: &str) -> Result<Request, String> {
         let (verb, name) = line.split_once(' ').ok_or_else(|| format!("no request in {line:?}"))?;
+        if let Some(allow_shrink) = match verb {
+            "resize" => Some(false),
+            "resize-shrink" => Some(true),
+            _ => None,
+        } {
+            let size = name
+                .parse::<u64>()
+                .ok()
+                .filter(|s| s.to_string() == name)
+                .ok_or_else(|| format!("not a size in bytes: {name:?}"))?;
+            return Ok(Request::Resize { size, allow_shrink });
+        }
         blizzard_lsvd::format::check_snapshot_name(name)?;
         match verb {
             "snapshot" => Ok(Request::Snapshot(name.to_string())),
@@ -200,6 +219,10 @@ async fn handle(v: &dyn Controlled, r: Request) -> Reply {
             Ok(()) => Reply::Ok(String::new()),
             Err(e) => Reply::Error(e.to_string()),
         },
+        Request::Resize { size, allow_shrink } => match v.resize(size, allow_shrink).await {
+            Ok(now) => Reply::Ok(format!("{now}")),
+            Err(e) => Reply::Error(e.to_string()),
+        },
     }
 }
 
@@ -231,11 +254,31 @@ mod tests {
 
     #[test]
     fn requests_and_replies_round_trip_and_nothing_else_parses() {
-        for r in [Request::Snapshot("nightly.1".into()), Request::DeleteSnapshot("a-b_c".into())] {
+        for r in [
+            Request::Snapshot("nightly.1".into()),
+            Request::DeleteSnapshot("a-b_c".into()),
+            Request::Resize { size: 4 << 30, allow_shrink: false },
+            Request::Resize { size: 512, allow_shrink: true },
+        ] {
             let line = r.encode();
             assert_eq!(Request::parse(line.trim_end_matches('\n')), Ok(r));
         }
-        for bad in ["", "snapshot", "snapshot ", "snapshot a/b", "snapshot ../x", "rm -rf", "snapshot a b"] {
+        for bad in [
+            "",
+            "snapshot",
+            "snapshot ",
+            "snapshot a/b",
+            "snapshot ../x",
+            "rm -rf",
+            "snapshot a b",
+            "resize",
+            "resize ",
+            "resize -1",
+            "resize 1e9",
+            "resize 012",
+            "resize 99999999999999999999999",
+            "resize 4 extra",
+        ] {
             assert!(Request::parse(bad).is_err(), "{bad:?}");
         }
         for r in

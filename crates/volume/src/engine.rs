@@ -122,15 +122,23 @@ pub(crate) trait Engine: Send + Sync {
         (0, 0)
     }
 
-    /// Grows the volume to `next` (a larger size, generation one up):
-    /// prepares what it needs, sets the engine's part of `next` (a log's
+    /// Resizes the volume to `next` (generation one up): prepares what a
+    /// larger size needs, sets the engine's part of `next` (a log's
     /// geometry), then writes it with `commit` and returns it. A crash
-    /// before `commit` leaves the old volume, after it the new.
+    /// before `commit` leaves the old volume, after it the new. A smaller
+    /// size changes nothing but the superblock: `Volume::resize` zeroes
+    /// what is past the end (after a shrink, before a grow).
     fn resize<'a>(
         &'a self,
         next: Superblock,
         commit: Commit<'a>,
     ) -> BoxFuture<'a, Result<Superblock, VolumeError>>;
+
+    /// How far into the volume's bytes anything may be stored: past it,
+    /// every byte reads as zeros with nothing written (no tract or log
+    /// block exists there yet). A grow zeroes the bytes it gains below it
+    /// (`Volume::resize`: a shrink's data past its end may still be there).
+    fn reach(&self) -> u64;
 
     /// Makes every acknowledged write durable and leaves nothing for the
     /// next open to recover (the intent bits of idle tracts cleared). The

@@ -706,6 +706,10 @@ impl Engine for Arc<FastAck> {
         Box::pin(write_through::grow_in_place(&self.io, &self.striping, self.intent.as_ref(), next, commit))
     }
 
+    fn reach(&self) -> u64 {
+        self.striping.bytes_in(self.io.reach_tracts())
+    }
+
     fn quiesce(&self) -> futures::future::BoxFuture<'_, Result<(), VolumeError>> {
         Box::pin(async move {
             FastAck::flush(self, true).await?;

@@ -104,6 +104,12 @@ pub trait BlobIo: Send + Sync + 'static {
     /// Size in tracts as last known.
     fn size_tracts(&self) -> u64;
     fn extend_to(&self, tracts: u64) -> BoxFuture<'static, Result<u64, IoError>>;
+    /// One past the last tract that may hold data: [`BlobIo::size_tracts`]
+    /// unless something older than the blob's size lies beyond it (a
+    /// volume's frozen layers, `snap::layered`).
+    fn reach_tracts(&self) -> u64 {
+        self.size_tracts()
+    }
     /// Durable on every replica when it returns `Ok`.
     fn write(&self, tract: u64, offset: u32, data: Bytes) -> BoxFuture<'static, Result<(), IoError>>;
     fn read(&self, tract: u64, offset: u32, len: u32) -> BoxFuture<'static, Result<Bytes, IoError>>;

@@ -91,6 +91,9 @@ pub enum PlantedBug {
     /// A write to a chunk an older layer holds lands there, in the data a
     /// snapshot shares, instead of in the head.
     WriteIntoSnapshot,
+    /// A grow does not zero what it gains, so data a shrink left past its
+    /// end (its trims cut off by a crash) comes back.
+    GrowKeepsOldData,
 }
 
 impl PlantedBug {
@@ -108,6 +111,7 @@ impl PlantedBug {
             "write-before-intent" => Some(PlantedBug::WriteBeforeIntent),
             "snapshot-skips-flush" => Some(PlantedBug::SnapshotSkipsFlush),
             "write-into-snapshot" => Some(PlantedBug::WriteIntoSnapshot),
+            "grow-keeps-old-data" => Some(PlantedBug::GrowKeepsOldData),
             _ => None,
         }
     }

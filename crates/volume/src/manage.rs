@@ -252,19 +252,28 @@ pub async fn list(client: &Client) -> Result<Vec<Superblock>, VolumeError> {
     Ok(out)
 }
 
-/// Grows a volume. A volume another process holds (an NBD server
-/// serving it) is refused, naming the holder.
+/// Resizes volume `name` to `size_bytes` (smaller only with
+/// `allow_shrink`), whether or not a process serves it: through the
+/// serving process's control socket, else opened here. Returns the record
+/// as it now is.
 pub async fn resize(
     env: Env,
     client: &Client,
     name: &str,
     size_bytes: u64,
-) -> Result<Superblock, VolumeError> {
-    let mut v = open(env, client, name).await?;
-    v.resize(size_bytes).await?;
-    let sb = v.superblock().clone();
-    v.close().await?;
-    Ok(sb)
+    allow_shrink: bool,
+) -> Result<(Superblock, Via), VolumeError> {
+    use crate::control::Request;
+    let ((), via) = through_writer(
+        &env,
+        client,
+        name,
+        Request::Resize { size: size_bytes, allow_shrink },
+        |_| Ok(()),
+        move |v| Box::pin(async move { v.resize(size_bytes, allow_shrink).await }),
+    )
+    .await?;
+    Ok((info(client, name).await?, via))
 }
 
 /// The access list in force for volume `name` (module header): the

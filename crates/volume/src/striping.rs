@@ -52,6 +52,13 @@ impl Striping {
         self.first_tract + size.div_ceil(self.segment_bytes()) * self.segment_tracts
     }
 
+    /// The volume bytes whose blocks the first `tracts` blob tracts hold
+    /// some of (whole segments, a partial one counted whole: the inverse
+    /// of [`Striping::tracts_for`]).
+    pub fn bytes_in(&self, tracts: u64) -> u64 {
+        tracts.saturating_sub(self.first_tract).div_ceil(self.segment_tracts) * self.segment_bytes()
+    }
+
     /// Where byte `x` of the volume lives: (tract, offset in tract).
     pub fn locate(&self, x: u64) -> (u64, u64) {
         let seg = x / self.segment_bytes();

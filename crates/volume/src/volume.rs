@@ -78,6 +78,8 @@ pub struct Volume {
     env: Option<Env>,
     io: Arc<dyn BlobIo>,
     sb: Superblock,
+    /// The size in force: `sb`'s until an online resize (`resize`).
+    size: std::sync::atomic::AtomicU64,
     /// The superblock as last written: `sb`, or newer once a first
     /// snapshot named its catalog (which a shared handle cannot put in
     /// `sb`). Every superblock write starts from it.
@@ -367,6 +369,7 @@ impl Volume {
         Volume {
             env,
             io,
+            size: std::sync::atomic::AtomicU64::new(sb.size_bytes),
             sb,
             written,
             engine,
@@ -567,32 +570,90 @@ impl Volume {
         self.engine.intent()
     }
 
-    /// Grows the volume to `size_bytes`. The superblock write is the
-    /// switch: a crash before it leaves the old size, after it the new.
-    /// A log volume also gets a bigger log first (`LogEngine::grow`;
-    /// design 0003, "Resizing a log volume").
-    pub async fn resize(&mut self, size_bytes: u64) -> Result<(), VolumeError> {
+    /// Resizes the volume to `size_bytes`, while it is served or not.
+    /// Shrinking takes `allow_shrink` (what is past the new end is gone).
+    /// The superblock write is the switch: a crash before it leaves the
+    /// old size, after it the new. Writes wait from the start to the
+    /// switch; reads go on.
+    ///
+    /// Invariant: every byte past the size reads as zeros once it is
+    /// inside the size again. A grow zeroes what it gains below the
+    /// engine's reach, durably, *before* its switch (a shrink's data may
+    /// still be there: its trims come after its switch, and a crash can
+    /// cut them off). A shrink zeroes past its end after its switch only
+    /// to give the space back. A log volume grows its log first when the
+    /// new size needs more blocks (`LogEngine::grow`; design 0003).
+    pub async fn resize(&self, size_bytes: u64, allow_shrink: bool) -> Result<(), VolumeError> {
+        use std::sync::atomic::Ordering;
         self.writable("be resized")?;
-        if size_bytes < self.sb.size_bytes {
-            return Err(VolumeError::Invalid("volumes can only grow".into()));
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
+            return Err(VolumeError::Invalid(format!(
+                "size {size_bytes} is not a positive multiple of 512 bytes"
+            )));
         }
-        if !size_bytes.is_multiple_of(512) {
-            return Err(VolumeError::Invalid("size must be a multiple of 512 bytes".into()));
-        }
-        if self.sb.mode == CommitMode::Log && blizzard_env::lock(&self.written).layers.is_some() {
-            return Err(VolumeError::Unsupported(format!(
-                "log volume {:?} has had snapshots: it cannot be resized yet (a snapshot keeps the log's geometry it was taken with)",
+        let _alone = self.gate.write().await;
+        let old = self.size.load(Ordering::Acquire);
+        if size_bytes < old && !allow_shrink {
+            return Err(VolumeError::Invalid(format!(
+                "volume {:?} is {old} bytes: shrinking it to {size_bytes} discards everything past that; pass --allow-shrink if that is meant",
                 self.sb.name
             )));
         }
+        if self.sb.mode == CommitMode::Log
+            && size_bytes > old
+            && blizzard_env::lock(&self.written).layers.is_some()
+        {
+            return Err(VolumeError::Unsupported(format!(
+                "log volume {:?} has had snapshots: it cannot grow yet (a snapshot keeps the log's geometry it was taken with); shrinking works",
+                self.sb.name
+            )));
+        }
+        if size_bytes == old {
+            return Ok(());
+        }
+        // Every acknowledged write durable before the switch: a size is
+        // durable once written, and must not overtake them (fast-ack's
+        // ordered epochs, the log's).
+        if size_bytes > old && self.planted != PlantedBug::GrowKeepsOldData {
+            // Before the switch: the bytes gained read as zeros.
+            self.zero_between(old, size_bytes.min(self.engine.reach())).await?;
+        }
+        self.engine.flush(true).await?;
         let mut next = blizzard_env::lock(&self.written).clone();
         next.size_bytes = size_bytes;
         next.generation += 1;
         let io = self.io.clone();
         let commit: crate::engine::Commit<'_> =
             Box::new(move |sb: Superblock| Box::pin(async move { Self::write_superblock(&io, &sb).await }));
-        self.sb = self.engine.resize(next, commit).await?;
-        *blizzard_env::lock(&self.written) = self.sb.clone();
+        let written = self.engine.resize(next, commit).await?;
+        self.size.store(size_bytes, Ordering::Release);
+        *blizzard_env::lock(&self.written) = written;
+        if size_bytes < old {
+            // After the switch: giving the space back. A crash here leaves
+            // it in use; the next grow zeroes it before it is seen.
+            let to = old.min(self.engine.reach());
+            if let Err(e) = async {
+                self.zero_between(size_bytes, to).await?;
+                self.engine.flush(true).await
+            }
+            .await
+            {
+                tracing::warn!(volume = %self.sb.name, error = %e, "shrunk, but the space past the new end is not all given back yet (the next grow zeroes it)");
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes `[from, to)` through the engine, a bounded piece at a time
+    /// (a trim: the space is released). Nothing when `to <= from`.
+    async fn zero_between(&self, from: u64, to: u64) -> Result<(), VolumeError> {
+        const STEP: u64 = 256 << 20;
+        let mut at = from;
+        while at < to {
+            let end = (at / STEP + 1).saturating_mul(STEP).min(to);
+            self.engine.write(at, Data::Zero(end - at), false).await?;
+            at = end;
+        }
         Ok(())
     }
 
@@ -612,12 +673,20 @@ impl Volume {
         Ok(self.sb.access.clone())
     }
 
-    pub fn superblock(&self) -> &Superblock {
-        &self.sb
+    /// The superblock as last written (the size in force, the catalog
+    /// of a first snapshot).
+    pub fn superblock(&self) -> Superblock {
+        blizzard_env::lock(&self.written).clone()
     }
 
+    /// The size in force (an online resize changes it).
     pub fn size(&self) -> u64 {
-        self.sb.size_bytes
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The commit mode.
+    pub fn mode(&self) -> CommitMode {
+        self.sb.mode
     }
 
     pub fn block_size(&self) -> u32 {
@@ -625,9 +694,10 @@ impl Volume {
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), VolumeError> {
+        let size = self.size();
         match offset.checked_add(len) {
-            Some(end) if end <= self.sb.size_bytes => Ok(()),
-            _ => Err(VolumeError::OutOfRange { offset, len, size: self.sb.size_bytes }),
+            Some(end) if end <= size => Ok(()),
+            _ => Err(VolumeError::OutOfRange { offset, len, size }),
         }
     }
 
@@ -646,6 +716,8 @@ impl Volume {
             return Ok(());
         }
         let _shared = self.gate.read().await;
+        // Again under the gate: a shrink may have ended while this waited.
+        self.check(offset, data.len())?;
         self.engine.write(offset, data, fua).await
     }
 
@@ -781,6 +853,17 @@ impl crate::control::Controlled for Volume {
         name: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(), VolumeError>> {
         Box::pin(Volume::delete_snapshot(self, name))
+    }
+
+    fn resize(
+        &self,
+        size: u64,
+        allow_shrink: bool,
+    ) -> futures::future::BoxFuture<'_, Result<u64, VolumeError>> {
+        Box::pin(async move {
+            Volume::resize(self, size, allow_shrink).await?;
+            Ok(self.size())
+        })
     }
 }
 

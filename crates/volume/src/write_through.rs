@@ -167,6 +167,10 @@ impl Engine for WriteThrough {
         Box::pin(grow_in_place(&self.io, &self.striping, self.intent.as_ref(), next, commit))
     }
 
+    fn reach(&self) -> u64 {
+        self.striping.bytes_in(self.io.reach_tracts())
+    }
+
     fn quiesce(&self) -> BoxFuture<'_, Result<(), VolumeError>> {
         Box::pin(async move {
             match &self.intent {

@@ -305,7 +305,7 @@ impl VolumeShared {
         };
         s.next_id += 1;
         match p.kind {
-            OpKind::Flush | OpKind::Snapshot => s.epoch += 1,
+            OpKind::Flush | OpKind::Snapshot | OpKind::Resize => s.epoch += 1,
             OpKind::Write | OpKind::Trim => s.inflight += 1,
         }
         s.ops.push(op.clone());
@@ -317,7 +317,7 @@ impl VolumeShared {
         if let Some(o) = s.ops.iter_mut().rev().find(|o| o.id == op.id) {
             o.acked = true;
         }
-        if !matches!(op.kind, OpKind::Flush | OpKind::Snapshot) {
+        if !matches!(op.kind, OpKind::Flush | OpKind::Snapshot | OpKind::Resize) {
             s.inflight = s.inflight.saturating_sub(1);
             s.stats.acked_ops += 1;
         }
@@ -641,7 +641,9 @@ impl Life {
                 }
                 // This client's planner takes none (the crash checker's
                 // trials do).
-                OpKind::Snapshot => return Err("the simulated volume client plans no snapshots".into()),
+                OpKind::Snapshot | OpKind::Resize => {
+                    return Err("the simulated volume client plans no snapshots or resizes".into())
+                }
                 OpKind::Write | OpKind::Trim => {
                     ranges.push((op.id, op.offset, op.offset + op.len));
                     inflight.push(issue(

@@ -21,71 +21,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common::up::Up;
 use crate::common::{self, Proc};
 
 const SIZE: u64 = 64 << 20;
 const HALF: u64 = SIZE / 2;
 const START_TIMEOUT: Duration = Duration::from_secs(120);
-const UP_READY: &str = "NBD export";
 
 fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
-}
-
-struct Up {
-    dir: PathBuf,
-    volume: String,
-    mode: String,
-    proc: Proc,
-    meta: String,
-    starts: usize,
-}
-
-impl Up {
-    fn socket(&self) -> PathBuf {
-        self.dir.join("nbd.sock")
-    }
-
-    fn launch(dir: &Path, volume: &str, mode: &str, n: usize) -> (Proc, String) {
-        let data = dir.join("data").display().to_string();
-        let listen = format!("unix:{}", dir.join("nbd.sock").display());
-        let mut args = strings(&["up", "--data", &data, "--listen", &listen, "--meta-listen", "127.0.0.1:0"]);
-        args.extend(strings(&[
-            "--replication",
-            "3",
-            "--tractservers",
-            "4",
-            "--mode",
-            mode,
-            "--volume",
-            volume,
-        ]));
-        args.extend(strings(&["--size", &SIZE.to_string(), "--tract-size", "1MiB", "--disk-size", "1GiB"]));
-        let mut up = Proc::spawn("blizzard up", &args, dir.join(format!("up-{n}.log")), listen);
-        let text = up.wait_log(UP_READY, START_TIMEOUT);
-        let line = text
-            .lines()
-            .find(|l| l.trim_start().starts_with("status:"))
-            .unwrap_or_else(|| panic!("blizzard up printed no status line:\n{text}"));
-        let meta = line.rsplit_once("--meta ").unwrap().1.trim().to_string();
-        (up, meta)
-    }
-
-    fn start(dir: &Path, volume: &str, mode: &str) -> Up {
-        let (proc, meta) = Up::launch(dir, volume, mode, 1);
-        Up { dir: dir.to_path_buf(), volume: volume.into(), mode: mode.into(), proc, meta, starts: 1 }
-    }
-
-    fn kill_and_restart(&mut self) {
-        self.proc.kill();
-        self.starts += 1;
-        let (proc, meta) = Up::launch(&self.dir, &self.volume, &self.mode, self.starts);
-        (self.proc, self.meta) = (proc, meta);
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.socket().display())
-    }
 }
 
 /// fio over NBD on `[offset, offset + HALF)` of `export`: with `write`, a
@@ -147,7 +91,7 @@ fn fio_background(up: &Up, log: PathBuf) -> Proc {
 fn snapshots_through_up(volume: &str, mode: &str) {
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
-    let mut up = Up::start(w, volume, mode);
+    let mut up = Up::start(w, volume, mode, SIZE);
     let meta = |up: &Up| up.meta.clone();
     fio_half(&up, volume, 0, 1, true, &w.join("fio-a1.log"));
 

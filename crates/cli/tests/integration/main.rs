@@ -21,6 +21,7 @@ mod nbd_apps;
 mod nbd_upgrade;
 mod partition;
 mod replica_agreement;
+mod resize_served;
 mod tls_cli;
 mod up_shutdown;
 mod up_upgrade;

@@ -9,6 +9,7 @@ mod meta_replicas;
 mod placement;
 mod reconcile;
 mod recovery;
+mod resize;
 mod snapshots;
 mod volume_leases;
 mod volumes;

@@ -59,8 +59,8 @@ async fn volumes_by_name() -> R {
     ));
     let names: Vec<String> = manage::list(&client).await?.into_iter().map(|s| s.name).collect();
     assert_eq!(names, vec!["a", "b"]);
-    let sb = manage::resize(env.clone(), &client, "b", 24 << 20).await?;
-    assert_eq!(sb.size_bytes, 24 << 20);
+    let (sb, via) = manage::resize(env.clone(), &client, "b", 24 << 20, false).await?;
+    assert_eq!((sb.size_bytes, via), (24 << 20, manage::Via::Opened));
     let v = manage::open(env.clone(), &client, "b").await?;
     assert_eq!(v.size(), 24 << 20);
     assert_eq!(v.superblock().flush, FlushPolicy::Ordered);
@@ -74,8 +74,9 @@ async fn volumes_by_name() -> R {
     // Held (open here): neither deleted nor resized from elsewhere.
     let held = manage::delete(env.clone(), &client, "b").await;
     assert!(matches!(&held, Err(VolumeError::Held { name, .. }) if name == "b"), "{held:?}");
-    let held = manage::resize(env.clone(), &client, "b", 32 << 20).await;
-    assert!(matches!(&held, Err(VolumeError::Held { .. })), "{held:?}");
+    // (A holder without a control socket: the refusal says where to go.)
+    let held = manage::resize(env.clone(), &client, "b", 32 << 20, false).await;
+    assert!(matches!(&held, Err(VolumeError::Refused(m)) if m.contains("no control socket")), "{held:?}");
     v.close().await?;
     manage::delete(env.clone(), &client, "b").await?;
     assert!(matches!(manage::open(env.clone(), &client, "b").await, Err(VolumeError::NotFound(_))));

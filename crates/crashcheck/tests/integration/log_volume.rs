@@ -277,7 +277,7 @@ fn grown_log_volume_keeps_data_and_uses_new_blocks() -> TestResult {
         }
         vol.flush_durable().await?;
         for (size, extents) in [(3 * MIB, 1), (32 * MIB, 2), (40 * MIB, 2), (100 * MIB, 3)] {
-            vol.resize(size).await?;
+            vol.resize(size, false).await?;
             assert_eq!(vol.size(), size);
             let log = vol.superblock().log.clone().ok_or("log geometry")?;
             assert_eq!(log.extents.len(), extents, "resize to {size}");
@@ -344,14 +344,14 @@ fn crash_during_resize(
     let m = mem(30 + held);
     let rt = runtime();
     let (mut model, finished) = rt.block_on(async {
-        let mut vol = Volume::format(env(1), io(&m), &spec(from)).await?;
+        let vol = Volume::format(env(1), io(&m), &spec(from)).await?;
         let mut model = Model(vec![0; from as usize]);
         for (i, v) in (0..from / BS).step_by(3).enumerate() {
             vol.write(v * BS, model.write(v, i as u64 + 1), false).await?;
         }
         vol.flush_durable().await?;
         m.hold_after(Some(held));
-        let r = env(2).timeout(Duration::from_secs(60), vol.resize(to)).await;
+        let r = env(2).timeout(Duration::from_secs(60), vol.resize(to, to < from)).await;
         let finished = match r {
             Ok(Ok(())) => true,
             Ok(Err(e)) => return Err(format!("{what}: resize failed: {e}").into()),
@@ -367,7 +367,7 @@ fn crash_during_resize(
     for round in 0..3u64 {
         let rt = runtime();
         rt.block_on(async {
-            let mut vol = Volume::open(env(100 + round), io(&m), PlantedBug::None)
+            let vol = Volume::open(env(100 + round), io(&m), PlantedBug::None)
                 .await
                 .map_err(|e| format!("{what}: open {round}: {e}"))?;
             let size = vol.size();
@@ -381,7 +381,7 @@ fn crash_during_resize(
             verify(&vol, &model, &format!("{what}, open {round}")).await?;
             if size == from && round == 1 {
                 // Finish the job on top of whatever the failed try left.
-                vol.resize(to).await?;
+                vol.resize(to, to < from).await?;
                 verify(&vol, &model, &format!("{what}, resized again")).await?;
             }
             let blocks = vol.size() / BS;
@@ -396,13 +396,14 @@ fn crash_during_resize(
     Ok(finished)
 }
 
-/// Every crash point of a resize that grows the log in place and of one
-/// that moves the checkpoint slots, with every way the writes in flight
-/// can land.
+/// Every crash point of a resize that grows the log in place, of one
+/// that moves the checkpoint slots, and of a shrink (its checkpoint with
+/// the shorter map, then the superblock), with every way the writes in
+/// flight can land.
 #[test]
 fn crash_at_every_step_of_a_resize() -> TestResult {
     let mut points = 0;
-    for (from, to) in [(MIB, 3 * MIB), (MIB, 32 * MIB)] {
+    for (from, to) in [(MIB, 3 * MIB), (MIB, 32 * MIB), (3 * MIB, MIB + 8 * BS)] {
         let mut finished = false;
         let mut held = 0;
         while !finished {
@@ -487,8 +488,8 @@ fn failed_superblock_write_fences_until_reopen() -> TestResult {
         // checkpoint (2); the resize then writes its checkpoint (3) and the
         // superblock (4), which fails.
         let failing: Arc<dyn BlobIo> = Arc::new(FailNth { inner: m.clone(), left: Mutex::new(4) });
-        let mut vol = Volume::open(env(2), failing, PlantedBug::None).await?;
-        assert!(vol.resize(3 * MIB).await.is_err(), "the superblock write was made to fail");
+        let vol = Volume::open(env(2), failing, PlantedBug::None).await?;
+        assert!(vol.resize(3 * MIB, false).await.is_err(), "the superblock write was made to fail");
         assert_eq!(vol.size(), MIB);
         let refused = vol.write(BS, Bytes::from(vec![1u8; BS as usize]), false).await;
         assert!(refused.is_err(), "a fenced volume must refuse writes");

@@ -117,6 +117,17 @@ impl LogGeom {
         Ok(g)
     }
 
+    /// The geometry for a smaller `size`: fewer virtual blocks, the same
+    /// ring and checkpoint slots (the physical blocks the dropped virtual
+    /// ones used become free slack).
+    pub fn shrink(&self, size: u64) -> Result<LogGeom, VolumeError> {
+        let vblocks = vblocks_for(size, self.block_size)?;
+        if vblocks >= self.vblocks {
+            return Err(VolumeError::Invalid("a log shrinks only by dropping blocks".into()));
+        }
+        Ok(LogGeom { vblocks, ..self.clone() })
+    }
+
     pub fn from_superblock(l: &LogGeometry, size: u64, block_size: u64, tract_size: u64) -> LogGeom {
         let stride = block_size + HEADER_LEN as u64;
         LogGeom {

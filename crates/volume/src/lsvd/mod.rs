@@ -573,7 +573,11 @@ impl Engine for Arc<LsvdEngine> {
         _next: crate::Superblock,
         _commit: Commit<'a>,
     ) -> BoxFuture<'a, Result<crate::Superblock, VolumeError>> {
-        Box::pin(async { Err(VolumeError::Unsupported("S3 volumes cannot be resized yet".into())) })
+        Box::pin(async { Err(s3_cannot_resize()) })
+    }
+
+    fn reach(&self) -> u64 {
+        self.vol.size()
     }
 
     fn close(&self) -> BoxFuture<'_, Result<(), VolumeError>> {
@@ -608,6 +612,19 @@ impl crate::control::Controlled for LsvdEngine {
     fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>> {
         Box::pin(LsvdEngine::delete_snapshot(self, name))
     }
+
+    fn resize(&self, _size: u64, _allow_shrink: bool) -> BoxFuture<'_, Result<u64, VolumeError>> {
+        Box::pin(async { Err(s3_cannot_resize()) })
+    }
+}
+
+/// S3 volumes keep their size in their descriptor, checkpoints and
+/// object headers (design 0008): resizing them is not built yet.
+fn s3_cannot_resize() -> VolumeError {
+    VolumeError::Unsupported(
+        "S3 volumes cannot be resized yet (issue 57): copy the data to a new volume of the size wanted"
+            .into(),
+    )
 }
 
 /// A snapshot of an S3 volume (`NAME@SNAP`), read-only, behind `Volume`.
@@ -620,6 +637,10 @@ impl Engine for SnapshotEngine {
 
     fn write(&self, _offset: u64, _data: Data, _fua: bool) -> BoxFuture<'_, Result<(), VolumeError>> {
         Box::pin(async { Err(VolumeError::Unsupported("a snapshot is read-only".into())) })
+    }
+
+    fn reach(&self) -> u64 {
+        self.0.size()
     }
 
     fn flush(&self, _durable: bool) -> BoxFuture<'_, Result<(), VolumeError>> {

@@ -383,6 +383,13 @@ impl BlobIo for Layered {
         self.0.stack().tracts
     }
 
+    /// Past the volume's tracts, a frozen layer made while the volume was
+    /// larger may still hold data (a grow must hide it).
+    fn reach_tracts(&self) -> u64 {
+        let s = self.0.stack();
+        s.tracts.max(s.frozen.end_tract())
+    }
+
     fn extend_to(&self, tracts: u64) -> BoxFuture<'static, Result<u64, IoError>> {
         let me = self.0.clone();
         async move {

@@ -232,6 +232,11 @@ pub struct View {
 pub const VIEW_LAYERS_MAX: usize = HOLE as usize;
 
 impl View {
+    /// One past the last volume tract any of its layers holds a chunk of.
+    pub fn end_tract(&self) -> u64 {
+        self.tracts.last_key_value().map_or(0, |(t, _)| t + 1)
+    }
+
     /// The view of no layer.
     pub fn empty(chunks_per_tract: u32) -> View {
         View { layers: Vec::new(), tracts: BTreeMap::new(), chunks_per_tract }

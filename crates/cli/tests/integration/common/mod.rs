@@ -40,6 +40,7 @@ pub const POLL: Duration = Duration::from_millis(200);
 pub const PROGRESS_OPS: u64 = 20;
 pub const PROGRESS_TIMEOUT: Duration = Duration::from_secs(20);
 pub mod proc;
+pub mod up;
 use proc::LOG_TAIL_LINES;
 pub use proc::{Proc, Procs};
 

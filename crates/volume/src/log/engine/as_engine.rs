@@ -49,6 +49,12 @@ impl Engine for Arc<LogEngine> {
         LogEngine::outstanding(self)
     }
 
+    /// The log's blocks: a shrink leaves the geometry as it was.
+    fn reach(&self) -> u64 {
+        let g = self.geom();
+        g.vblocks * g.block_size
+    }
+
     /// The log drained and durable, and no checkpoint until the guard goes:
     /// a checkpoint written while the head is frozen would land in the
     /// frozen layer, unseen by both views, and free blocks the log still
@@ -62,7 +68,8 @@ impl Engine for Arc<LogEngine> {
     }
 
     /// A log volume grows its log first when the new size needs more
-    /// blocks (`LogEngine::grow`; design 0003, "Resizing a log volume").
+    /// blocks (`LogEngine::grow`; design 0003, "Resizing a log volume"),
+    /// and drops the blocks past a smaller one the same way.
     fn resize<'a>(
         &'a self,
         mut next: Superblock,
@@ -70,13 +77,22 @@ impl Engine for Arc<LogEngine> {
     ) -> BoxFuture<'a, Result<Superblock, VolumeError>> {
         Box::pin(async move {
             let geom = self.geom();
-            if next.size_bytes.div_ceil(geom.block_size) <= geom.vblocks {
-                // Still inside the last block: the log is unchanged and the
-                // bytes gained were never writable, so read as zeros.
+            let vblocks = next.size_bytes.div_ceil(geom.block_size);
+            if vblocks == geom.vblocks {
+                // The same blocks: the log is unchanged (`Volume::resize`
+                // zeroes the bytes past the end of the last one).
                 commit(next.clone()).await?;
                 return Ok(next);
             }
-            let new = geom.grow(next.size_bytes)?;
+            // A new checkpoint with the map at its new length, then the
+            // superblock: under the old geometry that checkpoint's length
+            // does not match and the older one is used, so a crash before
+            // the switch leaves the old volume whole.
+            let new = if vblocks < geom.vblocks {
+                geom.shrink(next.size_bytes)?
+            } else {
+                geom.grow(next.size_bytes)?
+            };
             next.log = Some(new.superblock_part());
             let moved = new.ckpt_tracts != geom.ckpt_tracts;
             self.grow(new, commit(next.clone())).await?;
