@@ -398,10 +398,18 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
         VolumeCmd::Delete { name, meta } if name.contains('@') => {
             let (vol, snap) = snapshot_ref(&name)?;
             let client = connect(&env, &meta).await?;
-            let via = manage::delete_snapshot(env, &client, vol, snap)
+            let (freed, via) = manage::delete_snapshot(env, &client, vol, snap)
                 .await
                 .with_context(|| format!("cannot delete snapshot {name}"))?;
-            println!("deleted snapshot {name}{}", via_note(via));
+            if freed > 0 {
+                println!(
+                    "deleted snapshot {name}{}: gave back {} on each replica",
+                    via_note(via),
+                    format_size(freed)
+                );
+            } else {
+                println!("deleted snapshot {name}{}", via_note(via));
+            }
         }
         VolumeCmd::Snapshot { name, snapshot, meta } => {
             let client = connect(&env, &meta).await?;

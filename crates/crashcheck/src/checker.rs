@@ -36,6 +36,9 @@ pub enum OpKind {
     /// A shrink to `offset` bytes, then a grow back by `len`: the bytes
     /// past `offset` read as zeros after. It closes the epoch durably.
     Resize,
+    /// Deletes the snapshot that op `offset` took. The volume and every
+    /// other snapshot read as before.
+    DeleteSnapshot,
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +74,8 @@ pub enum Violation {
     LostAcknowledged { at: u64, id: u64, found: String },
     #[error("in the snapshot: {0}")]
     InSnapshot(Box<Violation>),
+    #[error("snapshot {name} was deleted (acknowledged) but opens after the crash")]
+    DeletedSnapshotRemains { name: String },
     #[error("snapshot {name} was acknowledged but is gone after the crash ({why})")]
     LostSnapshot { name: String, why: String },
     #[error("snapshot {name}: sector at {at} holds {found} where it must hold {want}")]
@@ -136,7 +141,7 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
     // History per sector: indexes into `ops` of writes and trims, in order.
     let mut history: Vec<Vec<u32>> = vec![Vec::new(); sectors];
     for (i, op) in ops.iter().enumerate() {
-        if matches!(op.kind, OpKind::Flush | OpKind::Snapshot) {
+        if matches!(op.kind, OpKind::Flush | OpKind::Snapshot | OpKind::DeleteSnapshot) {
             continue;
         }
         let first = (op.offset / SECTOR as u64) as usize;
@@ -278,7 +283,7 @@ pub fn expected_snapshot(ops: &[LoggedOp], at: usize, size: usize) -> Option<Vec
             OpKind::Trim | OpKind::Resize if !op.acked => return None,
             OpKind::Write => crate::tag::fill(&mut img[range], op.offset, op.id, op.epoch),
             OpKind::Trim | OpKind::Resize => img[range].fill(0),
-            OpKind::Flush | OpKind::Snapshot => {}
+            OpKind::Flush | OpKind::Snapshot | OpKind::DeleteSnapshot => {}
         }
     }
     Some(img)

@@ -414,6 +414,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         objects_deleted: 0,
         snapshot_checked: false,
         resized: false,
+        deleted: false,
         violation: Some(Violation::TrialFailed(e)),
     };
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -507,6 +508,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         objects_deleted: deleted,
         snapshot_checked,
         resized: false,
+        deleted: false,
         violation,
     }
 }

@@ -46,6 +46,7 @@ impl Event {
                     OpKind::Flush => 'F',
                     OpKind::Snapshot => 'S',
                     OpKind::Resize => 'R',
+                    OpKind::DeleteSnapshot => 'D',
                 };
                 format!("I {} {k} {} {} {}\n", op.id, op.offset, op.len, op.epoch)
             }
@@ -75,6 +76,7 @@ pub fn parse_log(text: &str) -> Result<Vec<LoggedOp>, String> {
                     Some(&"F") => OpKind::Flush,
                     Some(&"S") => OpKind::Snapshot,
                     Some(&"R") => OpKind::Resize,
+                    Some(&"D") => OpKind::DeleteSnapshot,
                     _ => return Err(format!("event log line {}: bad kind in {line:?}", n + 1)),
                 };
                 let op = LoggedOp {
@@ -124,7 +126,9 @@ pub async fn drive_logged(
         // complete, no overlapping writes at once.
         loop {
             let blocked = match op.kind {
-                OpKind::Flush | OpKind::Snapshot | OpKind::Resize => !ranges.is_empty(),
+                OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot => {
+                    !ranges.is_empty()
+                }
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -148,6 +152,13 @@ pub async fn drive_logged(
             OpKind::Snapshot => {
                 let name = crate::run::snapshot_name(op.id);
                 vol.snapshot(&name).await.map_err(|e| format!("snapshot {name} failed: {e}"))?;
+                record(&Event::Ack(op.id));
+            }
+            OpKind::DeleteSnapshot => {
+                let name = crate::run::snapshot_name(op.offset);
+                vol.delete_snapshot(&name)
+                    .await
+                    .map_err(|e| format!("deleting snapshot {name} failed: {e}"))?;
                 record(&Event::Ack(op.id));
             }
             OpKind::Resize => {

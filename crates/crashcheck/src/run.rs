@@ -93,6 +93,9 @@ pub struct Trial {
     /// The volume was shrunk and grown back before the crash, or the
     /// crash cut a resize off (recovery grew it back).
     pub resized: bool,
+    /// A snapshot deletion was acknowledged before the crash, or cut off
+    /// by it.
+    pub deleted: bool,
     pub violation: Option<Violation>,
 }
 
@@ -165,7 +168,8 @@ pub fn plan_ops(rng: &mut SmallRng, volume_size: u64, n: usize) -> Vec<LoggedOp>
 /// What a workload does besides writes, trims and flushes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Extras {
-    /// Snapshots, about one op in 16.
+    /// Snapshots, about one op in 16, and deletions of earlier ones, about
+    /// one op in 24.
     pub snapshots: bool,
     /// A shrink and a grow back, about one op in 24.
     pub resizes: bool,
@@ -197,6 +201,21 @@ pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, extras: Ext
             epoch += 1;
             since_flush = 0;
             continue;
+        }
+        if extras.snapshots && rng.random_ratio(1, 24) {
+            let taken: Vec<u64> = out.iter().filter(|o| o.kind == OpKind::Snapshot).map(|o| o.id).collect();
+            if !taken.is_empty() {
+                let of = taken[rng.random_range(0..taken.len())];
+                out.push(LoggedOp {
+                    id,
+                    kind: OpKind::DeleteSnapshot,
+                    offset: of,
+                    len: 0,
+                    epoch,
+                    acked: false,
+                });
+                continue;
+            }
         }
         if extras.resizes && i > 0 && rng.random_ratio(1, 24) {
             // Down to any sector from a quarter of the volume up.
@@ -250,6 +269,11 @@ pub trait Target: Send + Sync + 'static {
         let _ = name;
         Box::pin(async { Err("this target takes no snapshots".to_string()) })
     }
+    /// Deletes snapshot `name`.
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        let _ = name;
+        Box::pin(async { Err("this target takes no snapshots".to_string()) })
+    }
     /// Resizes the volume to `size` bytes.
     fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<(), String>> {
         let _ = (size, allow_shrink);
@@ -279,6 +303,9 @@ impl Target for Volume {
     fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move { Volume::resize(self, size, allow_shrink).await.map_err(|e| e.to_string()) })
     }
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { Volume::delete_snapshot(self, name).await.map_err(|e| e.to_string()) })
+    }
 }
 
 /// Which of its flushes, snapshots and resizes a trial crashes inside:
@@ -289,8 +316,10 @@ pub(crate) fn pick_cut(rng: &mut SmallRng, planned: &[Planned]) -> Option<usize>
         return None;
     }
     let last = |k: OpKind| planned.iter().rposition(|p| p.op.kind == k);
-    let have: Vec<usize> =
-        [OpKind::Resize, OpKind::Snapshot, OpKind::Flush].into_iter().filter_map(last).collect();
+    let have: Vec<usize> = [OpKind::Resize, OpKind::Snapshot, OpKind::DeleteSnapshot, OpKind::Flush]
+        .into_iter()
+        .filter_map(last)
+        .collect();
     if have.is_empty() {
         return None;
     }
@@ -322,7 +351,9 @@ pub(crate) async fn drive<T: Target>(
         // overlapping writes at once (NBD leaves those undefined).
         loop {
             let blocked = match op.kind {
-                OpKind::Flush | OpKind::Snapshot | OpKind::Resize => !ranges.is_empty(),
+                OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot => {
+                    !ranges.is_empty()
+                }
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -344,6 +375,7 @@ pub(crate) async fn drive<T: Target>(
                     OpKind::Flush => vol.flush().await.is_ok(),
                     OpKind::Snapshot => vol.snapshot(&snapshot_name(op.id)).await.is_ok(),
                     OpKind::Resize => shrink_and_grow(&*vol, op.offset, op.len).await.is_ok(),
+                    OpKind::DeleteSnapshot => vol.delete_snapshot(&snapshot_name(op.offset)).await.is_ok(),
                     OpKind::Write | OpKind::Trim => false,
                 };
                 if ok {
@@ -351,6 +383,10 @@ pub(crate) async fn drive<T: Target>(
                 }
             };
             let _ = env.timeout(tail, run).await;
+            // Later ops were never issued: as if never planned.
+            if let Ok(mut l) = log.lock() {
+                l.truncate(i + 1);
+            }
             break;
         }
         match op.kind {
@@ -368,6 +404,11 @@ pub(crate) async fn drive<T: Target>(
             }
             OpKind::Resize => {
                 if shrink_and_grow(&*vol, op.offset, op.len).await.is_ok() {
+                    mark(&log2, i);
+                }
+            }
+            OpKind::DeleteSnapshot => {
+                if vol.delete_snapshot(&snapshot_name(op.offset)).await.is_ok() {
                     mark(&log2, i);
                 }
             }
@@ -460,9 +501,18 @@ impl Recovered {
         check_replicas_agree(&self.per_replica)?;
         // An acknowledged snapshot survives the crash; any that opens
         // (acknowledged or cut off) reads exactly the ops before it.
+        // A deletion (issued: every op in the log was) lets its snapshot
+        // go; an acknowledged one makes it go.
+        let deleting =
+            |i: usize| log.iter().filter(move |o| o.kind == OpKind::DeleteSnapshot && o.offset == log[i].id);
         for (i, why) in &self.missing {
-            if log[*i].acked {
+            if log[*i].acked && deleting(*i).next().is_none() {
                 return Err(Violation::LostSnapshot { name: snapshot_name(log[*i].id), why: why.clone() });
+            }
+        }
+        for (i, _, _) in &self.snapshots {
+            if deleting(*i).any(|d| d.acked) {
+                return Err(Violation::DeletedSnapshotRemains { name: snapshot_name(log[*i].id) });
             }
         }
         for (i, image, per_replica) in &self.snapshots {
@@ -575,6 +625,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
                 objects_deleted: 0,
                 snapshot_checked: false,
                 resized: false,
+                deleted: false,
                 violation: Some(Violation::TrialFailed(e)),
             }
         }
@@ -603,6 +654,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         objects_deleted: 0,
         snapshot_checked,
         resized,
+        deleted: log.iter().any(|o| o.kind == OpKind::DeleteSnapshot),
         violation,
     }
 }

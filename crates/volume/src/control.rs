@@ -34,7 +34,9 @@ pub trait Controlled: Send + Sync + 'static {
     /// Takes snapshot `name`; the reply's detail (an S3 volume's object
     /// seq, a blob volume's new head layer).
     fn snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>>;
-    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>>;
+    /// Deletes snapshot `name`; the bytes given back now (an S3 volume's
+    /// cleaner gives its back later: 0).
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>>;
     /// Resizes the volume to `size` bytes (smaller only with
     /// `allow_shrink`); returns the size now in force.
     fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<u64, VolumeError>>;
@@ -216,7 +218,7 @@ async fn handle(v: &dyn Controlled, r: Request) -> Reply {
             Err(e) => Reply::Error(e.to_string()),
         },
         Request::DeleteSnapshot(n) => match v.delete_snapshot(&n).await {
-            Ok(()) => Reply::Ok(String::new()),
+            Ok(freed) => Reply::Ok(format!("{freed}")),
             Err(e) => Reply::Error(e.to_string()),
         },
         Request::Resize { size, allow_shrink } => match v.resize(size, allow_shrink).await {

@@ -94,6 +94,10 @@ pub enum PlantedBug {
     /// A grow does not zero what it gains, so data a shrink left past its
     /// end (its trims cut off by a crash) comes back.
     GrowKeepsOldData,
+    /// Deleting a snapshot gives back its whole layer, though later views
+    /// (the volume's own among them) read the chunks no later layer
+    /// rewrote.
+    ReclaimReadChunks,
 }
 
 impl PlantedBug {
@@ -112,6 +116,7 @@ impl PlantedBug {
             "snapshot-skips-flush" => Some(PlantedBug::SnapshotSkipsFlush),
             "write-into-snapshot" => Some(PlantedBug::WriteIntoSnapshot),
             "grow-keeps-old-data" => Some(PlantedBug::GrowKeepsOldData),
+            "reclaim-read-chunks" => Some(PlantedBug::ReclaimReadChunks),
             _ => None,
         }
     }

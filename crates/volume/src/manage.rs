@@ -427,26 +427,36 @@ pub async fn snapshot(
     .await
 }
 
-/// Deletes snapshot `snapshot` of volume `name` (refused while a clone
-/// reads it), whether or not a process serves the volume.
+/// Deletes snapshot `snapshot` of volume `name` (an S3 volume's is
+/// refused while a clone reads it), whether or not a process serves the
+/// volume. Returns the bytes given back now (per replica; an S3 volume's
+/// cleaner gives its back later).
 pub async fn delete_snapshot(
     env: Env,
     client: &Client,
     name: &str,
     snapshot: &str,
-) -> Result<Via, VolumeError> {
+) -> Result<(u64, Via), VolumeError> {
     use crate::control::Request;
     let owned = snapshot.to_string();
-    let ((), via) = through_writer(
+    through_writer(
         &env,
         client,
         name,
         Request::DeleteSnapshot(owned.clone()),
-        |_| Ok(()),
-        move |v| Box::pin(async move { v.delete_snapshot(&owned).await }),
+        |d| {
+            d.parse().or_else(|_| {
+                // A server from before deletions freed blob-store space answers nothing.
+                if d.is_empty() {
+                    Ok(0)
+                } else {
+                    Err(VolumeError::Refused(format!("the serving process answered {d:?}")))
+                }
+            })
+        },
+        move |v| Box::pin(async move { v.delete_snapshot_freeing(&owned).await }),
     )
-    .await?;
-    Ok(via)
+    .await
 }
 
 /// The names of blob-store volume `name`'s snapshots, oldest first (its

@@ -523,17 +523,27 @@ impl Volume {
         Ok(())
     }
 
-    /// Deletes snapshot `name` of this S3 volume (refused while a clone
-    /// reads it).
+    /// Deletes snapshot `name` of this volume (an S3 volume's is refused
+    /// while a clone reads it). A volume in the blob store gives back the
+    /// chunks only that snapshot read (`snap::stack::delete`); returns
+    /// nothing of them (see [`Volume::delete_snapshot_freeing`]).
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), VolumeError> {
+        self.delete_snapshot_freeing(name).await.map(|_| ())
+    }
+
+    /// [`Volume::delete_snapshot`], returning the bytes given back (0 for
+    /// an S3 volume, whose cleaner gives them back later).
+    pub async fn delete_snapshot_freeing(&self, name: &str) -> Result<u64, VolumeError> {
         self.writable("delete snapshots")?;
-        if self.layers.is_some() {
-            return Err(VolumeError::Unsupported(format!(
-                "{}@{name}: deleting a snapshot of a volume in the blob store is not built yet (issue 57); the snapshot stays",
-                self.sb.name
-            )));
+        if let Some(layers) = &self.layers {
+            // As for taking one: every acknowledged write durable, none
+            // running, so the head's chunks in memory are on every replica.
+            let _alone = self.gate.write().await;
+            let _held = self.engine.freeze().await?;
+            let current = blizzard_env::lock(&self.written).clone();
+            return crate::snap::stack::delete(layers, &current, name, self.planted).await;
         }
-        self.engine.delete_snapshot(name).await.map_err(|e| match e {
+        self.engine.delete_snapshot(name).await.map(|()| 0).map_err(|e| match e {
             VolumeError::Unsupported(_) => VolumeError::Unsupported(format!(
                 "volume {:?}: only S3 volumes opened for writing have snapshots to delete",
                 self.sb.name
@@ -851,8 +861,8 @@ impl crate::control::Controlled for Volume {
     fn delete_snapshot<'a>(
         &'a self,
         name: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<(), VolumeError>> {
-        Box::pin(Volume::delete_snapshot(self, name))
+    ) -> futures::future::BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(Volume::delete_snapshot_freeing(self, name))
     }
 
     fn resize(

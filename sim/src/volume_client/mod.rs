@@ -307,6 +307,7 @@ impl VolumeShared {
         match p.kind {
             OpKind::Flush | OpKind::Snapshot | OpKind::Resize => s.epoch += 1,
             OpKind::Write | OpKind::Trim => s.inflight += 1,
+            OpKind::DeleteSnapshot => {}
         }
         s.ops.push(op.clone());
         op
@@ -317,7 +318,7 @@ impl VolumeShared {
         if let Some(o) = s.ops.iter_mut().rev().find(|o| o.id == op.id) {
             o.acked = true;
         }
-        if !matches!(op.kind, OpKind::Flush | OpKind::Snapshot | OpKind::Resize) {
+        if !matches!(op.kind, OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot) {
             s.inflight = s.inflight.saturating_sub(1);
             s.stats.acked_ops += 1;
         }
@@ -641,7 +642,7 @@ impl Life {
                 }
                 // This client's planner takes none (the crash checker's
                 // trials do).
-                OpKind::Snapshot | OpKind::Resize => {
+                OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot => {
                     return Err("the simulated volume client plans no snapshots or resizes".into())
                 }
                 OpKind::Write | OpKind::Trim => {

@@ -11,7 +11,9 @@
 //! still being written. After the SIGKILL and restart, fio verifies half A
 //! of `disk@s1` against pattern 1, of `disk@s2` and of the volume against
 //! pattern 2; `volume list` names both snapshots and what each holds alone;
-//! a snapshot export refuses writes. In the write-through and log modes
+//! a snapshot export refuses writes. Deleting `s1` gives its space back
+//! (`blizzard status`), `s2` and the volume reading as before. In the
+//! write-through and log modes
 //! (each its own volume name: the control socket is per volume, in the
 //! host's run directory).
 
@@ -146,6 +148,42 @@ fn snapshots_through_up(volume: &str, mode: &str) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Deleting s1 gives back what it alone held (pattern 1 of half A,
+    // written whole: whole tracts), as `blizzard status` shows; s2 and
+    // the volume read as before.
+    let before = status_tracts(&up);
+    let text =
+        common::ok(common::blizzard(&["volume", "delete", &format!("{volume}@s1"), "--meta", &meta(&up)]));
+    assert!(text.contains("deleted snapshot") && text.contains("gave back"), "{text}");
+    let list = common::ok(common::blizzard(&["volume", "list", "--meta", &meta(&up)]));
+    assert!(!list.contains(&format!("{volume}@s1 ")) && list.contains(&format!("{volume}@s2 ")), "{list}");
+    fio_half(&up, &format!("{volume}@s2"), 0, 2, false, &w.join("fio-s2-after.log"));
+    fio_half(&up, volume, 0, 2, false, &w.join("fio-v-after.log"));
+    // 3 replicas of at least 24 of its 32 1-MiB tracts (a log volume's
+    // blocks straddle tracts: some stay with s2's).
+    let want = before.saturating_sub(3 * 24);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut now = status_tracts(&up);
+    while now > want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(300));
+        now = status_tracts(&up);
+    }
+    assert!(now <= want, "blizzard status shows {now} tracts used after deleting s1, {before} before");
+    println!("{volume}: {text} (blizzard status: {before} tracts used before, {now} after)");
+    common::ok(common::blizzard(&["volume", "delete", &format!("{volume}@s2"), "--meta", &meta(&up)]));
+    fio_half(&up, volume, 0, 2, false, &w.join("fio-v-last.log"));
+}
+
+/// The tracts every tractserver holds, as `blizzard status` shows them.
+fn status_tracts(up: &Up) -> u64 {
+    let text = common::ok(common::blizzard(&["status", "--meta", &up.meta]));
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("TRACTSERVER"));
+    lines.next();
+    lines
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .map(|n| n.parse::<u64>().unwrap_or_else(|_| panic!("no tract count in blizzard status:\n{text}")))
+        .sum()
 }
 
 #[test]

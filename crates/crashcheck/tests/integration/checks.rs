@@ -79,8 +79,9 @@ fn planted_intent_bugs_are_caught() {
 }
 
 /// Snapshots in the workload (design 0011) are read back after the
-/// crashes, in every mode; a snapshot that skips the durable flush, and a
-/// write landing in the data a snapshot shares, are caught.
+/// crashes, in every mode, and deletions of them; a snapshot that skips
+/// the durable flush, a write landing in the data a snapshot shares, and
+/// a deletion giving back chunks later views read, are caught.
 #[test]
 fn snapshots_survive_crashes_and_planted_snapshot_bugs_are_caught() {
     for (mode, flush, replication, seed) in [
@@ -90,18 +91,23 @@ fn snapshots_survive_crashes_and_planted_snapshot_bugs_are_caught() {
     ] {
         let mut cfg = CheckConfig::new(mode, flush);
         cfg.replication = replication;
-        let mut read_back = 0;
+        let (mut read_back, mut deleted) = (0, 0);
         for s in seed..seed + trials() {
             let t = trial(s, &cfg);
             assert!(t.violation.is_none(), "{mode:?} seed {s}: {:?}", t.violation);
             read_back += u64::from(t.snapshot_checked);
+            deleted += u64::from(t.deleted);
         }
         assert!(read_back > 0, "{mode:?}: no trial read a snapshot back: the test proves nothing");
+        assert!(deleted > 0, "{mode:?}: no trial deleted a snapshot: the test proves nothing");
     }
     for (bug, mode) in [
         (PlantedBug::SnapshotSkipsFlush, CommitMode::FastAck),
         (PlantedBug::WriteIntoSnapshot, CommitMode::WriteThrough),
         (PlantedBug::WriteIntoSnapshot, CommitMode::Log),
+        (PlantedBug::ReclaimReadChunks, CommitMode::WriteThrough),
+        (PlantedBug::ReclaimReadChunks, CommitMode::FastAck),
+        (PlantedBug::ReclaimReadChunks, CommitMode::Log),
     ] {
         let mut cfg = CheckConfig::new(mode, FlushPolicy::Durable);
         cfg.planted = bug;

@@ -609,8 +609,8 @@ impl crate::control::Controlled for LsvdEngine {
         Box::pin(LsvdEngine::snapshot(self, name))
     }
 
-    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), VolumeError>> {
-        Box::pin(LsvdEngine::delete_snapshot(self, name))
+    fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(async move { LsvdEngine::delete_snapshot(self, name).await.map(|()| 0) })
     }
 
     fn resize(&self, _size: u64, _allow_shrink: bool) -> BoxFuture<'_, Result<u64, VolumeError>> {

@@ -351,9 +351,94 @@ pub fn held_alone(chunks_per_tract: u32, layers: &[(u32, Presence)], views: &[u3
     held
 }
 
+/// One run of chunks no view reads: layer `layer`'s volume tract
+/// `tract`, chunks `chunks`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unread {
+    pub layer: u32,
+    pub tract: u64,
+    pub chunks: std::ops::Range<u32>,
+}
+
+/// The chunks of `layers` (oldest first, the head last) that no view in
+/// `views` (the layers snapshots name, and the head) reads: what deleting
+/// snapshots gives back. A chunk is read by the first view at or after
+/// its layer, and only the newest holder among the layers up to that view
+/// is read there, so a holder is unread exactly when a newer layer before
+/// the same first view holds the chunk too (the same pass as
+/// [`held_alone`]). A layer a view names always has its chunks read.
+pub fn unread(chunks_per_tract: u32, layers: &[(u32, Presence)], views: &[u32]) -> Vec<Unread> {
+    let mut out: Vec<Unread> = Vec::new();
+    let mut tracts: Vec<u64> = layers.iter().flat_map(|(_, p)| p.tracts.keys().copied()).collect();
+    tracts.sort_unstable();
+    tracts.dedup();
+    for t in tracts {
+        let here: Vec<(u32, usize, &TractBits)> = layers
+            .iter()
+            .filter_map(|(id, p)| Some((*id, views.partition_point(|&v| v < *id), p.tracts.get(&t)?)))
+            .collect();
+        for c in 0..chunks_per_tract {
+            let holders: Vec<(u32, usize)> =
+                here.iter().filter(|(_, _, b)| b.has(c)).map(|(id, k, _)| (*id, *k)).collect();
+            for w in holders.windows(2) {
+                // Past the last view nothing reads (no layer is there:
+                // the head is a view).
+                if w[0].1 == w[1].1 {
+                    match out.last_mut() {
+                        Some(u) if u.layer == w[0].0 && u.tract == t && u.chunks.end == c => {
+                            u.chunks.end = c + 1
+                        }
+                        _ => out.push(Unread { layer: w[0].0, tract: t, chunks: c..c + 1 }),
+                    }
+                }
+            }
+        }
+    }
+    out.sort_by_key(|u| (u.layer, u.tract, u.chunks.start));
+    // Runs of one (layer, tract) split by other layers' entries merge now.
+    let mut merged: Vec<Unread> = Vec::with_capacity(out.len());
+    for u in out {
+        match merged.last_mut() {
+            Some(m) if m.layer == u.layer && m.tract == u.tract && m.chunks.end == u.chunks.start => {
+                m.chunks.end = u.chunks.end
+            }
+            _ => merged.push(u),
+        }
+    }
+    merged
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unread_chunks_are_the_older_holders_before_one_view() {
+        let cpt = 8;
+        // Layers 0, 1, 2 and the head 3. Chunks 0-3 of tract 1 are in 0
+        // and 1; chunk 0 in 2 as well; chunk 1 in the head.
+        let l0 = presence(&[(1, bits(cpt, &[0, 1, 2, 3]))]);
+        let l1 = presence(&[(1, bits(cpt, &[0, 1, 2, 3]))]);
+        let l2 = presence(&[(1, bits(cpt, &[0]))]);
+        let l3 = presence(&[(1, bits(cpt, &[1]))]);
+        let layers = [(0, l0), (1, l1), (2, l2), (3, l3)];
+        // Every layer a view: nothing is unread.
+        assert_eq!(unread(cpt, &layers, &[0, 1, 2, 3]), vec![]);
+        // Snapshot 1 gone (views 0, 2, head): layer 1's chunk 0 is
+        // shadowed by layer 2 before view 2; chunks 1-3 view 2 reads.
+        assert_eq!(unread(cpt, &layers, &[0, 2, 3]), vec![Unread { layer: 1, tract: 1, chunks: 0..1 }]);
+        // Snapshot 0 gone too: layer 0's chunks 0-3 are shadowed by 1
+        // before view 2, and layer 1's chunk 0 by 2.
+        assert_eq!(
+            unread(cpt, &layers, &[2, 3]),
+            vec![Unread { layer: 0, tract: 1, chunks: 0..4 }, Unread { layer: 1, tract: 1, chunks: 0..1 }]
+        );
+        // Only the head: every holder but the newest of each chunk.
+        assert_eq!(
+            unread(cpt, &layers, &[3]),
+            vec![Unread { layer: 0, tract: 1, chunks: 0..4 }, Unread { layer: 1, tract: 1, chunks: 0..2 },]
+        );
+    }
 
     fn bits(cpt: u32, set: &[u32]) -> TractBits {
         let mut b = vec![0u8; (cpt as usize).div_ceil(8)];

@@ -336,6 +336,87 @@ pub async fn list(blob: &Arc<dyn BlobIo>, sb: &Superblock) -> Result<Vec<Snapsho
         .collect())
 }
 
+/// Deletes snapshot `name` of the volume behind `io` and gives back what
+/// no view reads any more (design 0011, "Reference counting and
+/// reclaim"). The caller has made every acknowledged write durable and
+/// holds every new one back (the head's chunks in memory are then on
+/// every replica). In order:
+///
+/// 1. the catalog written without the snapshot: **the switch** (its layer
+///    stays, hidden, while later views read some of its chunks);
+/// 2. every chunk of every layer that no view reads trimmed: the deleted
+///    snapshot's alone, and any a crash kept an earlier deletion from
+///    giving back (idempotent, so a crash here leaves space for the next
+///    deletion to give back, never a view changed).
+///
+/// Returns the bytes given back.
+pub(crate) async fn delete(
+    io: &LayeredIo,
+    sb: &Superblock,
+    name: &str,
+    planted: crate::PlantedBug,
+) -> Result<u64, VolumeError> {
+    let missing = || VolumeError::NotFound(format!("{}@{name}", sb.name));
+    let r = sb.layers.ok_or_else(missing)?;
+    let blob = io.blob().clone();
+    let cpt = blob.tract_size() / CHUNK_SIZE;
+    let s = io.stack();
+    let Some((head_id, _)) = s.head else {
+        return Err(VolumeError::Unsupported("a snapshot is read-only".into()));
+    };
+    let mut cat = read_catalog(&blob, r).await?;
+    let i = cat
+        .layers
+        .iter()
+        .position(|l| l.snapshot.as_ref().is_some_and(|s| s.name == name))
+        .ok_or_else(missing)?;
+    // 1. The switch.
+    cat.layers[i].snapshot = None;
+    cat.generation += 1;
+    cat.validate()
+        .map_err(|f| VolumeError::Invalid(format!("the new snapshot catalog breaks a rule ({f})")))?;
+    write_catalog(&blob, r, &cat).await?;
+    // 2. What no view reads.
+    let mut layers = Vec::with_capacity(cat.layers.len());
+    for l in &cat.layers[..cat.layers.len() - 1] {
+        layers.push((l.id, read_presence(&blob, l).await?));
+    }
+    layers.push((head_id, Presence { tracts: io.head_bits().into_iter().collect() }));
+    let mut views: Vec<u32> = cat.layers.iter().filter(|l| l.snapshot.is_some()).map(|l| l.id).collect();
+    views.push(head_id);
+    let mut unread = super::map::unread(cpt, &layers, &views);
+    if planted == crate::PlantedBug::ReclaimReadChunks {
+        // The bug: the deleted snapshot's whole layer taken as its own,
+        // though later views read what no later layer rewrote.
+        let gone = cat.layers[i].id;
+        if let Some((_, p)) = layers.iter().find(|(id, _)| *id == gone) {
+            unread.extend(p.tracts.keys().map(|&t| super::map::Unread {
+                layer: gone,
+                tract: t,
+                chunks: 0..cpt,
+            }));
+        }
+    }
+    let mut given = 0u64;
+    let mut trims = futures::stream::iter(unread.into_iter().filter(|u| u.layer != head_id))
+        .map(|u| {
+            let at = s.bases.get(&u.layer).map(|b| b + u.tract - 1);
+            let (off, len) = (u.chunks.start * CHUNK_SIZE, (u.chunks.end - u.chunks.start) * CHUNK_SIZE);
+            let blob = blob.clone();
+            async move {
+                match at {
+                    Some(t) => blob.trim(t, off, len).await.map(|()| len as u64),
+                    None => Ok(0),
+                }
+            }
+        })
+        .buffer_unordered(PARALLEL);
+    while let Some(r) = trims.next().await {
+        given += r?;
+    }
+    Ok(given)
+}
+
 /// Takes snapshot `name` of the volume behind `io` (module docs: the
 /// steps). The caller has made every acknowledged write durable and holds
 /// every new one back. Returns the superblock now in force (the first
