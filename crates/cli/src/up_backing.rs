@@ -213,4 +213,12 @@ impl Exports for SwapExports {
     ) -> BoxFuture<'a, Result<Vec<blizzard_volume::access::AccessEntry>, VolumeError>> {
         async move { self.current()?.access(name).await }.boxed()
     }
+
+    fn revoked(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
+        async move { self.current()?.revoked().await }.boxed()
+    }
+
+    fn gone<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, VolumeError>> {
+        async move { self.current()?.gone(name).await }.boxed()
+    }
 }

@@ -52,6 +52,13 @@ pub trait Exports: Send + Sync + 'static {
     fn revoked(&self) -> BoxFuture<'_, Result<Vec<String>, VolumeError>> {
         futures::future::ready(Ok(Vec::new())).boxed()
     }
+    /// Whether export `name`, open here, has since been deleted (a
+    /// snapshot): the registry then forgets it rather than serve what
+    /// the deletion gave back. Default: never.
+    fn gone<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, VolumeError>> {
+        let _ = name;
+        futures::future::ready(Ok(false)).boxed()
+    }
 }
 
 /// How long NBD_OPT_LIST waits for an S3 volume's store to list its
@@ -184,6 +191,19 @@ impl Exports for ClientExports {
             .boxed()
     }
 
+    /// A snapshot of a volume in the blob store no longer in its catalog.
+    fn gone<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, VolumeError>> {
+        async move {
+            let Some((volume, snapshot)) = name.split_once('@') else { return Ok(false) };
+            let sb = manage::info(&self.client, volume).await?;
+            if sb.backend.s3().is_some() {
+                return Ok(false);
+            }
+            Ok(!manage::snapshot_names(&self.client, &sb).await?.iter().any(|s| s == snapshot))
+        }
+        .boxed()
+    }
+
     fn open<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Volume, VolumeError>> {
         async move {
             // `NAME@SNAP`: a snapshot, always read-only (volume names
@@ -242,6 +262,15 @@ impl Registry {
     /// first uses wait for one open.
     pub(crate) async fn get(&self, name: &str) -> Result<Arc<Volume>, VolumeError> {
         let slot = self.lock().entry(name.to_string()).or_default().clone();
+        // A snapshot open here may have been deleted since: its chunks may
+        // be given back already, so a new connection must not see it.
+        if slot.initialized() && name.contains('@') && self.exports.gone(name).await? {
+            let mut m = self.lock();
+            if m.get(name).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                m.remove(name);
+            }
+            return Err(VolumeError::NotFound(name.to_string()));
+        }
         let r = slot
             .get_or_try_init(|| async {
                 let v = Arc::new(self.exports.open(name).await?);

@@ -158,6 +158,10 @@ fn snapshots_through_up(volume: &str, mode: &str) {
     assert!(text.contains("deleted snapshot") && text.contains("gave back"), "{text}");
     let list = common::ok(common::blizzard(&["volume", "list", "--meta", &meta(&up)]));
     assert!(!list.contains(&format!("{volume}@s1 ")) && list.contains(&format!("{volume}@s2 ")), "{list}");
+    // Served before (the server had it open): not any more.
+    let nbdinfo = common::tool("nbdinfo", "libnbd-bin");
+    let out = std::process::Command::new(nbdinfo).arg(up.uri(&format!("{volume}@s1"))).output().unwrap();
+    assert!(!out.status.success(), "a deleted snapshot is still served");
     fio_half(&up, &format!("{volume}@s2"), 0, 2, false, &w.join("fio-s2-after.log"));
     fio_half(&up, volume, 0, 2, false, &w.join("fio-v-after.log"));
     // 3 replicas of at least 24 of its 32 1-MiB tracts (a log volume's
