@@ -143,6 +143,16 @@ pub(crate) enum VolumeCmd {
         #[arg(long, default_value = "127.0.0.1:7700")]
         meta: String,
     },
+    /// Roll a volume in the blob store back to its snapshot NAME@SNAP:
+    /// it then reads as the snapshot did (its size unchanged), every
+    /// snapshot kept. While a server holds the volume the command goes
+    /// through it, and is refused while an NBD client is connected.
+    Rollback {
+        /// The snapshot: NAME@SNAP.
+        snapshot: String,
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        meta: String,
+    },
     /// Create a writable S3 volume NEW from a snapshot (NAME@SNAP): it
     /// starts as the snapshot and shares its objects; writes to either
     /// never show in the other.
@@ -410,6 +420,20 @@ pub(crate) async fn volume_cmd(env: Env, cmd: VolumeCmd) -> Result<()> {
             } else {
                 println!("deleted snapshot {name}{}", via_note(via));
             }
+        }
+        VolumeCmd::Rollback { snapshot, meta } => {
+            let (vol, snap) = snapshot_ref(&snapshot)?;
+            let client = connect(&env, &meta).await?;
+            let started = env.now();
+            let (copied, via) = manage::rollback(env.clone(), &client, vol, snap)
+                .await
+                .with_context(|| format!("cannot roll volume {vol:?} back to {snapshot}"))?;
+            let took = env.now().duration_since(started).as_secs_f64();
+            println!(
+                "rolled {vol} back to {snapshot}{}: {} copied back, in {took:.1} s",
+                via_note(via),
+                format_size(copied)
+            );
         }
         VolumeCmd::Snapshot { name, snapshot, meta } => {
             let client = connect(&env, &meta).await?;

@@ -608,7 +608,15 @@ async fn transmit(
     shared: Arc<Shared>,
 ) -> Option<Parked> {
     let counted = Transmitting::new(&shared);
+    // The volume knows who uses it while this lasts: a rollback is
+    // refused, naming this client.
+    let who = match &n.serial {
+        Some(serial) => format!("NBD client {peer} (certificate serial {serial}) on export {}", n.name),
+        None => format!("NBD client {peer} on export {}", n.name),
+    };
+    let user = n.volume.attach(who);
     let served = transmission::serve(stream, leftover, &n, shared.clone(), &peer).await;
+    drop(user);
     drop(counted);
     match served {
         Ok(Served::Closed) => {

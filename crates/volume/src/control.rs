@@ -14,7 +14,8 @@
 //!
 //! The protocol is one request line and one reply line, each at most
 //! [`LINE_MAX`] bytes: `snapshot NAME`, `delete-snapshot NAME` or
-//! `resize BYTES` (`resize-shrink BYTES` to allow shrinking), answered
+//! `resize BYTES` (`resize-shrink BYTES` to allow shrinking) or
+//! `rollback NAME`, answered
 //! `ok DETAIL` or `error MESSAGE`. [`Request`] and [`Reply`] are pure and
 //! refuse anything else; the shell around them is thin.
 
@@ -40,6 +41,8 @@ pub trait Controlled: Send + Sync + 'static {
     /// Resizes the volume to `size` bytes (smaller only with
     /// `allow_shrink`); returns the size now in force.
     fn resize(&self, size: u64, allow_shrink: bool) -> BoxFuture<'_, Result<u64, VolumeError>>;
+    /// Rolls the volume back to snapshot `name`; the bytes copied.
+    fn rollback<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>>;
 }
 
 /// Where blob volumes' control sockets are on this host:
@@ -73,6 +76,7 @@ pub enum Request {
     Snapshot(String),
     DeleteSnapshot(String),
     Resize { size: u64, allow_shrink: bool },
+    Rollback(String),
 }
 
 impl Request {
@@ -82,6 +86,7 @@ impl Request {
             Request::DeleteSnapshot(n) => format!("delete-snapshot {n}\n"),
             Request::Resize { size, allow_shrink: false } => format!("resize {size}\n"),
             Request::Resize { size, allow_shrink: true } => format!("resize-shrink {size}\n"),
+            Request::Rollback(n) => format!("rollback {n}\n"),
         }
     }
 
@@ -105,6 +110,7 @@ impl Request {
         match verb {
             "snapshot" => Ok(Request::Snapshot(name.to_string())),
             "delete-snapshot" => Ok(Request::DeleteSnapshot(name.to_string())),
+            "rollback" => Ok(Request::Rollback(name.to_string())),
             _ => Err(format!("unknown request {verb:?}")),
         }
     }
@@ -225,6 +231,10 @@ async fn handle(v: &dyn Controlled, r: Request) -> Reply {
             Ok(now) => Reply::Ok(format!("{now}")),
             Err(e) => Reply::Error(e.to_string()),
         },
+        Request::Rollback(n) => match v.rollback(&n).await {
+            Ok(copied) => Reply::Ok(format!("{copied}")),
+            Err(e) => Reply::Error(e.to_string()),
+        },
     }
 }
 
@@ -261,6 +271,7 @@ mod tests {
             Request::DeleteSnapshot("a-b_c".into()),
             Request::Resize { size: 4 << 30, allow_shrink: false },
             Request::Resize { size: 512, allow_shrink: true },
+            Request::Rollback("before-upgrade".into()),
         ] {
             let line = r.encode();
             assert_eq!(Request::parse(line.trim_end_matches('\n')), Ok(r));

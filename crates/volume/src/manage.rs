@@ -459,6 +459,47 @@ pub async fn delete_snapshot(
     .await
 }
 
+/// Rolls volume `name` back to its snapshot `snapshot` (design 0011):
+/// through the process serving it (refused while an NBD client is
+/// connected, naming it), else here under its lease without opening it.
+/// Returns the bytes copied (what changed since the snapshot).
+pub async fn rollback(
+    env: Env,
+    client: &Client,
+    name: &str,
+    snapshot: &str,
+) -> Result<(u64, Via), VolumeError> {
+    use crate::control::{ask, Reply, Request};
+    blizzard_lsvd::format::check_snapshot_name(snapshot).map_err(VolumeError::Invalid)?;
+    let sb = info(client, name).await?;
+    let socket = match sb.backend.s3() {
+        Some(s3) => crate::control::socket_path(&s3.cache_dir),
+        None => crate::control::blob_socket_path(blob_id(name)),
+    };
+    match ask(&env, &socket, &Request::Rollback(snapshot.to_string())).await? {
+        Some(Reply::Ok(d)) => {
+            let copied =
+                d.parse().map_err(|_| VolumeError::Refused(format!("the serving process answered {d:?}")))?;
+            return Ok((copied, Via::Server));
+        }
+        Some(Reply::Error(m)) => return Err(VolumeError::Refused(m)),
+        None => {}
+    }
+    let blob = find_blob(client, name).await.map_err(not_found(name))?;
+    let lease = match Lease::acquire(env.clone(), client.clone(), blob_id(name), name, &Writer::new(&env)).await {
+        Ok(l) => l,
+        Err(VolumeError::Held { holder, .. }) => {
+            return Err(VolumeError::Refused(format!(
+                "volume {name:?} is served by {holder}, which has no control socket at {}: run this command on the host that serves it (with the same BLIZZARD_RUN_DIR), or stop that server first",
+                socket.display()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let io: Arc<dyn BlobIo> = Leased::new(ClientBlobIo::new(blob), lease);
+    Ok((Volume::rollback_closed(io, snapshot).await?, Via::Opened))
+}
+
 /// The names of blob-store volume `name`'s snapshots, oldest first (its
 /// catalog only: cheaper than [`snapshots`]).
 pub async fn snapshot_names(client: &Client, sb: &Superblock) -> Result<Vec<String>, VolumeError> {

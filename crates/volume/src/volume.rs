@@ -99,6 +99,23 @@ pub struct Volume {
     /// refused.
     read_only: bool,
     planted: PlantedBug,
+    /// Who uses the volume now (NBD clients, by peer and identity): a
+    /// rollback is refused while any does, naming them.
+    users: std::sync::Mutex<Vec<(u64, String)>>,
+}
+
+/// One user of a volume, from [`Volume::attach`] until dropped.
+pub struct Attached {
+    volume: std::sync::Weak<Volume>,
+    id: u64,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Some(v) = self.volume.upgrade() {
+            blizzard_env::lock(&v.users).retain(|(id, _)| *id != self.id);
+        }
+    }
 }
 
 /// Smallest tract a volume fits in: two superblock copies, the intent
@@ -379,6 +396,7 @@ impl Volume {
             recovery,
             read_only,
             planted: PlantedBug::None,
+            users: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -510,6 +528,102 @@ impl Volume {
         let head = layers.stack().head.map_or(0, |h| h.0 as u64);
         *blizzard_env::lock(&self.written) = next;
         Ok(head)
+    }
+
+    /// Records `who` as using the volume until the guard is dropped (an
+    /// NBD client while connected).
+    pub fn attach(self: &Arc<Self>, who: String) -> Attached {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        blizzard_env::lock(&self.users).push((id, who));
+        Attached { volume: Arc::downgrade(self), id }
+    }
+
+    /// Who uses the volume now ([`Volume::attach`]).
+    pub fn users(&self) -> Vec<String> {
+        blizzard_env::lock(&self.users).iter().map(|(_, w)| w.clone()).collect()
+    }
+
+    /// Rolls this served volume back to snapshot `name`
+    /// (`snap::stack::rollback`): it then reads exactly as the snapshot,
+    /// its size unchanged (zeros past the snapshot's), every snapshot
+    /// kept. Refused while anyone uses the volume ([`Volume::attach`]),
+    /// naming them. Returns the bytes copied (what changed since).
+    pub async fn rollback(&self, name: &str) -> Result<u64, VolumeError> {
+        self.writable("be rolled back")?;
+        let Some(layers) = &self.layers else {
+            return Err(VolumeError::Unsupported(format!(
+                "volume {:?} is an S3 volume: roll back by cloning the snapshot (volume clone {}@{name} NEW)",
+                self.sb.name, self.sb.name
+            )));
+        };
+        self.unused()?;
+        if self.sb.mode == CommitMode::Log {
+            // Its engine's map is the log's state before: it would have to
+            // be recovered again from the rolled-back layers.
+            return Err(VolumeError::Refused(format!(
+                "log volume {:?} is served here: stop the server, then roll it back (it is then done without opening the log)",
+                self.sb.name
+            )));
+        }
+        let _alone = self.gate.write().await;
+        self.unused()?;
+        let _held = self.engine.freeze().await?;
+        let current = blizzard_env::lock(&self.written).clone();
+        crate::snap::stack::rollback(layers, &current, name).await
+    }
+
+    /// Refuses while anyone uses the volume, naming them.
+    fn unused(&self) -> Result<(), VolumeError> {
+        let users = self.users();
+        if users.is_empty() {
+            return Ok(());
+        }
+        Err(VolumeError::Refused(format!(
+            "volume {:?} is in use by {}: disconnect {} first",
+            self.sb.name,
+            users.join(", "),
+            if users.len() == 1 { "it" } else { "them" }
+        )))
+    }
+
+    /// Rolls the volume in `io` back to snapshot `name` with nothing
+    /// serving it: claimed and its superblock and catalog settled as an
+    /// open does, but no engine started (a log's state is recovered from
+    /// the rolled-back layers at the next open). The old head it freezes
+    /// is shadowed whole by the new one, so what a crash left unreconciled
+    /// there is read by no view. Releases `io` after.
+    pub async fn rollback_closed(io: Arc<dyn BlobIo>, name: &str) -> Result<u64, VolumeError> {
+        let r = async {
+            let sb = Self::read_superblock(&io).await?;
+            if sb.backend.s3().is_some() {
+                return Err(VolumeError::Unsupported(format!(
+                    "volume {:?} is an S3 volume: roll back by cloning the snapshot (volume clone {}@{name} NEW)",
+                    sb.name, sb.name
+                )));
+            }
+            let _claim = intent::claim(&io).await?;
+            let sb = if io.replication() > 1 || sb.mode == CommitMode::Log {
+                Self::settle_superblock(&io).await?
+            } else {
+                sb
+            };
+            let striping = striping_for(&sb, io.tract_size());
+            let layers = crate::snap::stack::open(
+                io.clone(),
+                &sb,
+                Self::data_tracts(&sb, &striping, io.tract_size()),
+                true,
+                PlantedBug::None,
+            )
+            .await?;
+            crate::snap::stack::rollback(&layers, &sb, name).await
+        }
+        .await;
+        let released = io.release().await;
+        let copied = r?;
+        released?;
+        Ok(copied)
     }
 
     /// Refuses a change to a volume opened read-only.
@@ -863,6 +977,10 @@ impl crate::control::Controlled for Volume {
         name: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<u64, VolumeError>> {
         Box::pin(Volume::delete_snapshot_freeing(self, name))
+    }
+
+    fn rollback<'a>(&'a self, name: &'a str) -> futures::future::BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(Volume::rollback(self, name))
     }
 
     fn resize(

@@ -11,7 +11,9 @@
 //! still being written. After the SIGKILL and restart, fio verifies half A
 //! of `disk@s1` against pattern 1, of `disk@s2` and of the volume against
 //! pattern 2; `volume list` names both snapshots and what each holds alone;
-//! a snapshot export refuses writes. Deleting `s1` gives its space back
+//! a snapshot export refuses writes. `volume rollback NAME@s1` through
+//! the server makes half A read pattern 1 again (a served log volume
+//! refuses, saying to stop the server). Deleting `s1` gives its space back
 //! (`blizzard status`), `s2` and the volume reading as before. In the
 //! write-through and log modes
 //! (each its own volume name: the control socket is per volume, in the
@@ -149,6 +151,20 @@ fn snapshots_through_up(volume: &str, mode: &str) {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
+    // Rolled back to s1 through the server (no client is connected now):
+    // half A reads pattern 1 again. A served log volume refuses (its log
+    // would have to be recovered again), saying what to do.
+    let rollback = common::blizzard(&["volume", "rollback", &format!("{volume}@s1"), "--meta", &meta(&up)]);
+    let now = if mode == "log" {
+        assert!(!rollback.0 && rollback.1.contains("stop the server"), "{}", rollback.1);
+        2
+    } else {
+        let text = common::ok(rollback);
+        assert!(text.contains("rolled") && text.contains("through the process serving it"), "{text}");
+        fio_half(&up, volume, 0, 1, false, &w.join("fio-rolled-back.log"));
+        1
+    };
+
     // Deleting s1 gives back what it alone held (pattern 1 of half A,
     // written whole: whole tracts), as `blizzard status` shows; s2 and
     // the volume read as before.
@@ -163,7 +179,7 @@ fn snapshots_through_up(volume: &str, mode: &str) {
     let out = std::process::Command::new(nbdinfo).arg(up.uri(&format!("{volume}@s1"))).output().unwrap();
     assert!(!out.status.success(), "a deleted snapshot is still served");
     fio_half(&up, &format!("{volume}@s2"), 0, 2, false, &w.join("fio-s2-after.log"));
-    fio_half(&up, volume, 0, 2, false, &w.join("fio-v-after.log"));
+    fio_half(&up, volume, 0, now, false, &w.join("fio-v-after.log"));
     // 3 replicas of at least 24 of its 32 1-MiB tracts (a log volume's
     // blocks straddle tracts: some stay with s2's).
     let want = before.saturating_sub(3 * 24);
@@ -176,7 +192,7 @@ fn snapshots_through_up(volume: &str, mode: &str) {
     assert!(now <= want, "blizzard status shows {now} tracts used after deleting s1, {before} before");
     println!("{volume}: {text} (blizzard status: {before} tracts used before, {now} after)");
     common::ok(common::blizzard(&["volume", "delete", &format!("{volume}@s2"), "--meta", &meta(&up)]));
-    fio_half(&up, volume, 0, 2, false, &w.join("fio-v-last.log"));
+    fio_half(&up, volume, 0, now, false, &w.join("fio-v-last.log"));
 }
 
 /// The tracts every tractserver holds, as `blizzard status` shows them.

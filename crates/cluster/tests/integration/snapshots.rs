@@ -191,3 +191,97 @@ async fn fast_ack_snapshots_2_way() -> R {
 async fn log_snapshots_2_way() -> R {
     snapshots_in(CommitMode::Log, 2).await
 }
+
+/// Rollback (design 0011): through the process serving the volume (its
+/// control socket), refused while a client uses it, naming the client;
+/// after it the volume reads exactly as the snapshot did and every
+/// snapshot still reads as it was, across a close and reopen; and with
+/// nobody serving it, done without opening it (a log volume's way).
+async fn rollback_in(mode: CommitMode) -> R {
+    let dir = tempfile::tempdir()?;
+    let c = cluster(&dir).await;
+    let client = c.client().await?;
+    let env = Env::real();
+    let name = format!("rb-{}-{}", mode.name(), std::process::id());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(58 + mode as u64);
+    let v = std::sync::Arc::new(manage::create(env.clone(), &client, &spec(&name, mode, 2)).await?);
+    v.serve_control();
+    let socket = blizzard_volume::control::blob_socket_path(manage::blob_id(&name));
+    for _ in 0..500 {
+        if socket.exists() {
+            break;
+        }
+        env.sleep(Duration::from_millis(10)).await;
+    }
+    let mut model = vec![0u8; SIZE as usize];
+    rng.fill_bytes(&mut model);
+    v.write(0, Bytes::from(model.clone()), false).await?;
+    churn(&v, &mut model, &mut rng, 30).await?;
+    v.snapshot("a").await?;
+    let at_a = model.clone();
+    churn(&v, &mut model, &mut rng, 40).await?;
+    v.snapshot("b").await?;
+    let at_b = model.clone();
+    churn(&v, &mut model, &mut rng, 40).await?;
+
+    let user = v.attach("NBD client 10.0.0.7:40312 on export vm".into());
+    let refused = manage::rollback(env.clone(), &client, &name, "a").await;
+    let why = format!("{refused:?}");
+    assert!(why.contains("10.0.0.7:40312") && why.contains("disconnect"), "{why}");
+    drop(user);
+    same(&v, &model, "the volume after a refused rollback").await?;
+
+    if mode == CommitMode::Log {
+        let refused = manage::rollback(env.clone(), &client, &name, "a").await;
+        assert!(
+            matches!(&refused, Err(VolumeError::Refused(m)) if m.contains("stop the server")),
+            "{refused:?}"
+        );
+        v.release().await?;
+        let (_, via) = manage::rollback(env.clone(), &client, &name, "a").await?;
+        assert_eq!(via, manage::Via::Opened);
+    } else {
+        let (copied, via) = manage::rollback(env.clone(), &client, &name, "a").await?;
+        assert_eq!(via, manage::Via::Server);
+        assert!(copied > 0 && copied <= SIZE, "{copied}");
+        same(&v, &at_a, "the served volume rolled back to a").await?;
+        // Written after: the head is the volume's again.
+        model.copy_from_slice(&at_a);
+        churn(&v, &mut model, &mut rng, 20).await?;
+        same(&v, &model, "the rolled-back volume written again").await?;
+        v.release().await?;
+    }
+    drop(v);
+    let expect = if mode == CommitMode::Log { at_a.clone() } else { model.clone() };
+    let v = manage::open(env.clone(), &client, &name).await?;
+    same(&v, &expect, "the rolled-back volume reopened").await?;
+    for (s, at) in [("a", &at_a), ("b", &at_b)] {
+        let snap = manage::open_snapshot(&client, &name, s).await?;
+        same(&snap, at, &format!("{name}@{s} after the rollback")).await?;
+    }
+    v.close().await?;
+    // Nobody serving it: rolled back to the newer snapshot without opening.
+    let (_, via) = manage::rollback(env.clone(), &client, &name, "b").await?;
+    assert_eq!(via, manage::Via::Opened);
+    let v = manage::open(env.clone(), &client, &name).await?;
+    same(&v, &at_b, "the volume rolled back to b").await?;
+    let missing = manage::rollback(env.clone(), &client, &name, "zzz").await;
+    assert!(missing.is_err(), "{missing:?}");
+    v.close().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_through_rolls_back() -> R {
+    rollback_in(CommitMode::WriteThrough).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_ack_rolls_back() -> R {
+    rollback_in(CommitMode::FastAck).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_rolls_back() -> R {
+    rollback_in(CommitMode::Log).await
+}

@@ -7,3 +7,4 @@ mod checks;
 mod intent;
 mod log_volume;
 mod lsvd;
+mod rollback;

@@ -616,6 +616,14 @@ impl crate::control::Controlled for LsvdEngine {
     fn resize(&self, _size: u64, _allow_shrink: bool) -> BoxFuture<'_, Result<u64, VolumeError>> {
         Box::pin(async { Err(s3_cannot_resize()) })
     }
+
+    fn rollback<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<u64, VolumeError>> {
+        Box::pin(async move {
+            Err(VolumeError::Unsupported(format!(
+                "S3 volumes are not rolled back in place yet: clone the snapshot instead (volume clone NAME@{name} NEW)"
+            )))
+        })
+    }
 }
 
 /// S3 volumes keep their size in their descriptor, checkpoints and

@@ -123,6 +123,13 @@ impl LayeredIo {
         lock(&self.head).clear();
     }
 
+    /// Switches to a new stack whose head already holds `head`'s chunks
+    /// (a rollback's restored ones). The caller has stopped every write.
+    pub(crate) fn switch_to_head(&self, stack: Stack, head: HashMap<u64, TractBits>) {
+        *self.stack.write().unwrap_or_else(|p| p.into_inner()) = stack;
+        *lock(&self.head) = head;
+    }
+
     fn layered(s: &Stack) -> bool {
         !s.frozen.layers().is_empty()
     }

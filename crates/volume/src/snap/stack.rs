@@ -417,6 +417,138 @@ pub(crate) async fn delete(
     Ok(given)
 }
 
+/// Rolls the volume behind `io` back to snapshot `name` (design 0011,
+/// "Rollback"): the volume then reads exactly as the snapshot does, and
+/// every snapshot stays. The caller has made every acknowledged write
+/// durable and holds every new one back. In order:
+///
+/// 1. the blob extended at its end for the head's presence record and a
+///    new head;
+/// 2. into the new head, every chunk where the volume's view and the
+///    snapshot's differ: the snapshot's copy, or zeros where it has none
+///    (copied, so the cost is what changed since the snapshot, as for
+///    `rbd snap rollback`; nothing else is written);
+/// 3. the old head's presence record (it stays as a layer no snapshot
+///    names: later snapshots read it);
+/// 4. the catalog with the old head frozen and the new head on top:
+///    **the switch**. Before it nothing names what 1–3 wrote (the tracts
+///    past the stack's end are trimmed before anything grows over them),
+///    so a crash leaves the volume as it was; after it, the snapshot.
+///
+/// Returns the bytes copied into the new head.
+pub(crate) async fn rollback(io: &LayeredIo, sb: &Superblock, name: &str) -> Result<u64, VolumeError> {
+    let missing = || VolumeError::NotFound(format!("{}@{name}", sb.name));
+    let r = sb.layers.ok_or_else(missing)?;
+    let blob = io.blob().clone();
+    let ts = blob.tract_size() as u64;
+    let cpt = (ts / CHUNK_SIZE as u64) as u32;
+    let s = io.stack();
+    let Some((head_id, head_base)) = s.head else {
+        return Err(VolumeError::Unsupported("a snapshot is read-only".into()));
+    };
+    let mut cat = read_catalog(&blob, r).await?;
+    let k = cat
+        .layers
+        .iter()
+        .position(|l| l.snapshot.as_ref().is_some_and(|s| s.name == name))
+        .ok_or_else(missing)?;
+    if cat.layers.len() >= super::catalog::LAYERS_MAX {
+        return Err(VolumeError::Refused(format!(
+            "volume {:?} has {} layers, the most its catalog holds: delete snapshots first",
+            sb.name,
+            cat.layers.len()
+        )));
+    }
+    let snap_tracts = cat.layers[k].tracts + 1;
+    let mut presences = Vec::with_capacity(k + 1);
+    for l in &cat.layers[..=k] {
+        presences.push((l.id, read_presence(&blob, l).await?));
+    }
+    let snap_view = View::build(cpt, presences.iter().map(|(id, p)| (*id, p)));
+    let head = Presence { tracts: io.head_bits().into_iter().collect() };
+    // 1. Room.
+    let record = head.encode(head_id, cpt);
+    let padded = (record.len() as u64).div_ceil(CHUNK_SIZE as u64) * CHUNK_SIZE as u64;
+    let mut next = blob.size_tracts().max(head_base + s.tracts - 1);
+    let record_at = match cat.records {
+        Some((t, used)) if used + padded <= ts => t * ts + used,
+        _ => {
+            let at = next * ts;
+            next += padded.div_ceil(ts);
+            at
+        }
+    };
+    let new_base = next;
+    blob.extend_to(new_base + s.tracts - 1).await?;
+    // 2. The chunks that differ, tract by tract, a run of one source at a
+    // time: read from the snapshot's layer (or zeros), written whole.
+    let mut restored: std::collections::HashMap<u64, TractBits> = std::collections::HashMap::new();
+    let mut copied = 0u64;
+    for t in 1..s.tracts {
+        let mut runs: Vec<(u32, u32, Option<u32>)> = Vec::new();
+        for c in 0..cpt {
+            let now = if head.has(t, c) { Some(head_id) } else { s.frozen.layer_of(t, c) };
+            let then = if t < snap_tracts { snap_view.layer_of(t, c) } else { None };
+            if now == then {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(r) if r.1 == c && r.2 == then => r.1 = c + 1,
+                _ => runs.push((c, c + 1, then)),
+            }
+        }
+        if runs.is_empty() {
+            continue;
+        }
+        let mut bits = vec![0u8; (cpt as usize).div_ceil(8)];
+        for &(a, b, src) in &runs {
+            let (off, len) = (a * CHUNK_SIZE, (b - a) * CHUNK_SIZE);
+            let data = match src.and_then(|l| s.bases.get(&l).map(|base| base + t - 1)) {
+                Some(at) => blob.read(at, off, len).await?,
+                None => Bytes::from(vec![0u8; len as usize]),
+            };
+            blob.write(new_base + t - 1, off, data).await?;
+            copied += len as u64;
+            for c in a..b {
+                bits[c as usize / 8] |= 1 << (c % 8);
+            }
+        }
+        if let Some(b) = TractBits::from_mapped(&bits, cpt) {
+            restored.insert(t, b);
+        }
+    }
+    // 3. The old head's record.
+    write_record(&blob, record_at, &record).await?;
+    // 4. The switch.
+    let end = record_at + padded;
+    cat.records = (!end.is_multiple_of(ts)).then_some((end / ts, end % ts));
+    let old = cat.layers.len() - 1;
+    cat.layers[old].presence = Some((record_at, record.len() as u64));
+    cat.layers[old].tracts = s.tracts - 1;
+    let new_id = head_id + 1;
+    cat.layers.push(Layer {
+        id: new_id,
+        base: new_base,
+        tracts: s.tracts - 1,
+        presence: None,
+        snapshot: None,
+    });
+    cat.generation += 1;
+    cat.validate()
+        .map_err(|f| VolumeError::Invalid(format!("the new snapshot catalog breaks a rule ({f})")))?;
+    write_catalog(&blob, r, &cat).await?;
+    // 5. In memory.
+    let mut view = (*s.frozen).clone();
+    view.push(head_id, &head);
+    let mut bases = s.bases.clone();
+    bases.insert(new_id, new_base);
+    io.switch_to_head(
+        Stack { head: Some((new_id, new_base)), frozen: Arc::new(view), bases, tracts: s.tracts },
+        restored,
+    );
+    Ok(copied)
+}
+
 /// Takes snapshot `name` of the volume behind `io` (module docs: the
 /// steps). The caller has made every acknowledged write durable and holds
 /// every new one back. Returns the superblock now in force (the first
