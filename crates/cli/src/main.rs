@@ -392,12 +392,12 @@ async fn run(cli: Cli) -> Result<()> {
             cfg.planted = plant;
             // Trials run their own paused-clock runtimes: on a plain thread,
             // outside this one.
-            let (violations, in_flight, snapshots, resized, deleted) =
+            let (violations, in_flight, snapshots, resized, deleted, rolled) =
                 std::thread::spawn(move || run_crashcheck(&cfg, first, crashes, mode, flush, replication))
                     .join()
                     .map_err(|_| anyhow::anyhow!("the crash checker panicked"))?;
             println!(
-                "mode={} flush={} replication={replication} in_flight_writes_at_crash={in_flight} crashes_with_snapshots_read_back={snapshots} crashes_with_resizes={resized} crashes_with_snapshot_deletions={deleted}",
+                "mode={} flush={} replication={replication} in_flight_writes_at_crash={in_flight} crashes_with_snapshots_read_back={snapshots} crashes_with_resizes={resized} crashes_with_snapshot_deletions={deleted} crashes_with_rollbacks={rolled}",
                 mode.name(),
                 flush.name()
             );
@@ -602,12 +602,13 @@ fn run_crashcheck(
     mode: CommitMode,
     flush: FlushPolicy,
     replication: u8,
-) -> (u64, usize, u64, u64, u64) {
+) -> (u64, usize, u64, u64, u64, u64) {
     let mut violations = 0u64;
     let mut in_flight = 0usize;
     let mut snapshots = 0u64;
     let mut resized = 0u64;
     let mut deleted = 0u64;
+    let mut rolled = 0u64;
     for i in 0..crashes {
         let s = first + i;
         let t = blizzard_crashcheck::trial(s, cfg);
@@ -615,6 +616,7 @@ fn run_crashcheck(
         snapshots += u64::from(t.snapshot_checked);
         resized += u64::from(t.resized);
         deleted += u64::from(t.deleted);
+        rolled += u64::from(t.rolled_back);
         if let Some(v) = &t.violation {
             violations += 1;
             if violations <= 5 {
@@ -629,7 +631,7 @@ fn run_crashcheck(
             eprintln!("{} crashes, {violations} violations", i + 1);
         }
     }
-    (violations, in_flight, snapshots, resized, deleted)
+    (violations, in_flight, snapshots, resized, deleted, rolled)
 }
 
 /// Writes a blob, reads it back and deletes it: proves the data path works

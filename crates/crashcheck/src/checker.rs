@@ -18,6 +18,10 @@
 //! - **resizes**: a shrink to `offset` and a grow back by `len` is a trim
 //!   of `[offset, offset + len)` that also closes the epoch durably (the
 //!   volume flushes before it switches sizes).
+//! - **rollbacks**: a rollback is in every sector's history, and writes
+//!   there what the snapshot holds: a sector holding that is explained by
+//!   the rollback's position as well as by the write it copies. It closes
+//!   the epoch durably.
 //!
 //! A zero sector may be the initial state or any trim in its history; it
 //! allows each of those positions.
@@ -39,6 +43,10 @@ pub enum OpKind {
     /// Deletes the snapshot that op `offset` took. The volume and every
     /// other snapshot read as before.
     DeleteSnapshot,
+    /// Rolls the volume back to the snapshot op `offset` took: every
+    /// sector then holds what the snapshot holds there. It closes the
+    /// epoch durably.
+    Rollback,
 }
 
 #[derive(Clone, Debug)]
@@ -137,11 +145,42 @@ pub fn check_replicas_agree<I: AsRef<[u8]>>(images: &[I]) -> Result<(), Violatio
 
 /// Checks a recovered volume image against the op log.
 pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), Violation> {
+    // A rollback cut off by the crash (the last op: nothing is issued
+    // after one until it returns) is all or nothing: the volume without
+    // it, or exactly its snapshot.
+    if let Some((last, before)) = ops.split_last().filter(|(l, _)| l.kind == OpKind::Rollback && !l.acked) {
+        let without = check(before, image, contract);
+        let at = before.iter().position(|s| s.kind == OpKind::Snapshot && s.id == last.offset);
+        let restored = at.and_then(|at| expected_snapshot(ops, at, image.len()));
+        return match (without, restored) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(img)) if img[..] == image[..] => Ok(()),
+            (Err(e), _) => Err(e),
+        };
+    }
     let sectors = image.len() / SECTOR;
-    // History per sector: indexes into `ops` of writes and trims, in order.
+    // What each rollback writes: the snapshot's image (`None`: unknown,
+    // any content is allowed at its position).
+    let restored: HashMap<usize, Option<Vec<u8>>> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.kind == OpKind::Rollback)
+        .map(|(i, o)| {
+            let at = ops[..i].iter().position(|s| s.kind == OpKind::Snapshot && s.id == o.offset);
+            (i, at.and_then(|at| expected_snapshot(ops, at, image.len())))
+        })
+        .collect();
+    // History per sector: indexes into `ops` of writes, trims and
+    // rollbacks, in order.
     let mut history: Vec<Vec<u32>> = vec![Vec::new(); sectors];
     for (i, op) in ops.iter().enumerate() {
         if matches!(op.kind, OpKind::Flush | OpKind::Snapshot | OpKind::DeleteSnapshot) {
+            continue;
+        }
+        if op.kind == OpKind::Rollback {
+            for h in history.iter_mut() {
+                h.push(i as u32);
+            }
             continue;
         }
         let first = (op.offset / SECTOR as u64) as usize;
@@ -160,15 +199,24 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
     let mut ambiguous: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
     for (s, hist) in history.iter().enumerate() {
         let at = (s * SECTOR) as u64;
-        let content = parse(&image[s * SECTOR..(s + 1) * SECTOR], at);
+        let bytes = &image[s * SECTOR..(s + 1) * SECTOR];
+        let content = parse(bytes, at);
+        // Rollbacks in this sector's history that wrote exactly `bytes`.
+        let rolled = hist.iter().enumerate().filter(|(_, h)| {
+            restored.get(&(**h as usize)).is_some_and(|img| {
+                img.as_ref().is_none_or(|img| img.get(s * SECTOR..(s + 1) * SECTOR) == Some(bytes))
+            })
+        });
         // Positions p in the history (None = initial state) the content can be.
         let positions: Vec<Option<usize>> = match content {
             Sector::Garbage => return Err(Violation::Garbage { at }),
             Sector::Written { id, .. } => {
-                match by_id.get(&id).and_then(|i| hist.iter().position(|h| *h as usize == *i)) {
-                    Some(p) => vec![Some(p)],
-                    None => return Err(Violation::Stranger { at, id }),
+                let own = by_id.get(&id).and_then(|i| hist.iter().position(|h| *h as usize == *i));
+                let p: Vec<Option<usize>> = own.into_iter().chain(rolled.map(|(p, _)| p)).map(Some).collect();
+                if p.is_empty() {
+                    return Err(Violation::Stranger { at, id });
                 }
+                p
             }
             Sector::Zero => std::iter::once(None)
                 .chain(
@@ -177,6 +225,7 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
                         .filter(|(_, h)| matches!(ops[**h as usize].kind, OpKind::Trim | OpKind::Resize))
                         .map(|(p, _)| Some(p)),
                 )
+                .chain(rolled.map(|(p, _)| p).map(Some))
                 .collect(),
         };
         // The latest acknowledged op must be at or before the content's position.
@@ -224,7 +273,7 @@ pub fn check(ops: &[LoggedOp], image: &[u8], contract: Contract) -> Result<(), V
             .filter(|o| o.acked)
             .filter(|o| match o.kind {
                 OpKind::Flush => contract.acked_flushes_durable,
-                OpKind::Snapshot | OpKind::Resize => true,
+                OpKind::Snapshot | OpKind::Resize | OpKind::Rollback => true,
                 _ => false,
             })
             .map(|o| o.epoch + 1)
@@ -283,6 +332,11 @@ pub fn expected_snapshot(ops: &[LoggedOp], at: usize, size: usize) -> Option<Vec
             OpKind::Trim | OpKind::Resize if !op.acked => return None,
             OpKind::Write => crate::tag::fill(&mut img[range], op.offset, op.id, op.epoch),
             OpKind::Trim | OpKind::Resize => img[range].fill(0),
+            OpKind::Rollback if !op.acked => return None,
+            OpKind::Rollback => {
+                let at = ops[..at].iter().position(|s| s.kind == OpKind::Snapshot && s.id == op.offset)?;
+                img = expected_snapshot(ops, at, size)?;
+            }
             OpKind::Flush | OpKind::Snapshot | OpKind::DeleteSnapshot => {}
         }
     }
@@ -405,6 +459,37 @@ mod tests {
         // The volume lost write 1, which the acknowledged snapshot made durable.
         assert!(matches!(check(&ops, &[0u8; 2048], FAST), Err(Violation::LostFlushed { .. })));
         assert_eq!(check(&ops, &want, FAST), Ok(()));
+    }
+
+    /// A rollback writes what its snapshot holds into every sector: once
+    /// acknowledged, the volume must hold exactly that (and what came
+    /// after); cut off, the old volume is allowed too, a mix is not.
+    #[test]
+    fn rollbacks_restore_the_snapshot() {
+        let mut ops = vec![
+            op(1, OpKind::Write, 0, 1024, 0, true),
+            op(2, OpKind::Snapshot, 0, 0, 0, true),
+            op(3, OpKind::Write, 0, 1024, 1, true),
+            op(4, OpKind::Rollback, 2, 0, 1, true),
+            op(5, OpKind::Write, 1024, 512, 2, true),
+        ];
+        let rolled = image_with(&[(1, 0, 1024, 0), (5, 1024, 512, 2)], 2048);
+        assert_eq!(check(&ops, &rolled, FAST), Ok(()));
+        assert_eq!(expected_snapshot(&ops, 5, 2048), Some(rolled.clone()));
+        // Write 3 still there: the acknowledged rollback is lost.
+        let kept = image_with(&[(3, 0, 1024, 1), (5, 1024, 512, 2)], 2048);
+        assert!(check(&ops, &kept, FAST).is_err());
+        // Cut off (and what came after never issued): old or snapshot,
+        // not one sector of each where every acknowledged write is durable
+        // (in fast-ack the mix is write 3 partly lost: allowed).
+        ops[3].acked = false;
+        ops.truncate(4);
+        let wt = Contract { acked_writes_durable: true, acked_flushes_durable: true };
+        assert_eq!(check(&ops, &image_with(&[(3, 0, 1024, 1)], 2048), wt), Ok(()));
+        assert_eq!(check(&ops, &image_with(&[(1, 0, 1024, 0)], 2048), wt), Ok(()));
+        let mix = image_with(&[(1, 0, 512, 0), (3, 512, 512, 1)], 2048);
+        assert!(check(&ops, &mix, wt).is_err());
+        assert_eq!(check(&ops, &mix, FAST), Ok(()));
     }
 
     /// A zero sector may be a trim: write, trim, write again.

@@ -415,6 +415,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         snapshot_checked: false,
         resized: false,
         deleted: false,
+        rolled_back: false,
         violation: Some(Violation::TrialFailed(e)),
     };
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -509,6 +510,7 @@ pub fn lsvd_trial(seed: u64, c: &LsvdCheck) -> Trial {
         snapshot_checked,
         resized: false,
         deleted: false,
+        rolled_back: false,
         violation,
     }
 }

@@ -47,6 +47,7 @@ impl Event {
                     OpKind::Snapshot => 'S',
                     OpKind::Resize => 'R',
                     OpKind::DeleteSnapshot => 'D',
+                    OpKind::Rollback => 'B',
                 };
                 format!("I {} {k} {} {} {}\n", op.id, op.offset, op.len, op.epoch)
             }
@@ -77,6 +78,7 @@ pub fn parse_log(text: &str) -> Result<Vec<LoggedOp>, String> {
                     Some(&"S") => OpKind::Snapshot,
                     Some(&"R") => OpKind::Resize,
                     Some(&"D") => OpKind::DeleteSnapshot,
+                    Some(&"B") => OpKind::Rollback,
                     _ => return Err(format!("event log line {}: bad kind in {line:?}", n + 1)),
                 };
                 let op = LoggedOp {
@@ -126,9 +128,11 @@ pub async fn drive_logged(
         // complete, no overlapping writes at once.
         loop {
             let blocked = match op.kind {
-                OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot => {
-                    !ranges.is_empty()
-                }
+                OpKind::Flush
+                | OpKind::Snapshot
+                | OpKind::Resize
+                | OpKind::DeleteSnapshot
+                | OpKind::Rollback => !ranges.is_empty(),
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -152,6 +156,11 @@ pub async fn drive_logged(
             OpKind::Snapshot => {
                 let name = crate::run::snapshot_name(op.id);
                 vol.snapshot(&name).await.map_err(|e| format!("snapshot {name} failed: {e}"))?;
+                record(&Event::Ack(op.id));
+            }
+            OpKind::Rollback => {
+                let name = crate::run::snapshot_name(op.offset);
+                vol.rollback(&name).await.map_err(|e| format!("rolling back to {name} failed: {e}"))?;
                 record(&Event::Ack(op.id));
             }
             OpKind::DeleteSnapshot => {

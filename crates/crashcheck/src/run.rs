@@ -96,6 +96,8 @@ pub struct Trial {
     /// A snapshot deletion was acknowledged before the crash, or cut off
     /// by it.
     pub deleted: bool,
+    /// A rollback was acknowledged before the crash, or cut off by it.
+    pub rolled_back: bool,
     pub violation: Option<Violation>,
 }
 
@@ -146,7 +148,8 @@ pub(crate) fn plan(rng: &mut SmallRng, cfg: &CheckConfig) -> Vec<Planned> {
     let n = rng.random_range(1..=cfg.ops_max);
     let snapshots = cfg.snapshots && rng.random_bool(0.5);
     let resizes = cfg.resizes && rng.random_bool(0.5) && !(snapshots && cfg.mode == CommitMode::Log);
-    plan_ops_with(rng, cfg.volume_size, n, Extras { snapshots, resizes })
+    let rollbacks = snapshots && cfg.mode != CommitMode::Log;
+    plan_ops_with(rng, cfg.volume_size, n, Extras { snapshots, resizes, rollbacks })
         .into_iter()
         .map(|op| Planned { op })
         .collect()
@@ -173,6 +176,9 @@ pub struct Extras {
     pub snapshots: bool,
     /// A shrink and a grow back, about one op in 24.
     pub resizes: bool,
+    /// Rollbacks to earlier snapshots, about one op in 32 (with
+    /// `snapshots`; a served log volume refuses them).
+    pub rollbacks: bool,
 }
 
 /// [`plan_ops`] with `extras` among the ops; each closes the epoch, as a
@@ -202,8 +208,18 @@ pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, extras: Ext
             since_flush = 0;
             continue;
         }
+        // Snapshots not deleted (a rollback to a deleted one is refused:
+        // an op that fails with no crash must not be planned, as its
+        // epoch would be taken as done).
+        let live = |out: &[LoggedOp]| -> Vec<u64> {
+            out.iter()
+                .filter(|o| o.kind == OpKind::Snapshot)
+                .map(|o| o.id)
+                .filter(|id| !out.iter().any(|d| d.kind == OpKind::DeleteSnapshot && d.offset == *id))
+                .collect()
+        };
         if extras.snapshots && rng.random_ratio(1, 24) {
-            let taken: Vec<u64> = out.iter().filter(|o| o.kind == OpKind::Snapshot).map(|o| o.id).collect();
+            let taken = live(&out);
             if !taken.is_empty() {
                 let of = taken[rng.random_range(0..taken.len())];
                 out.push(LoggedOp {
@@ -214,6 +230,16 @@ pub fn plan_ops_with(rng: &mut SmallRng, volume_size: u64, n: usize, extras: Ext
                     epoch,
                     acked: false,
                 });
+                continue;
+            }
+        }
+        if extras.rollbacks && rng.random_ratio(1, 32) {
+            let taken = live(&out);
+            if !taken.is_empty() {
+                let to = taken[rng.random_range(0..taken.len())];
+                out.push(LoggedOp { id, kind: OpKind::Rollback, offset: to, len: 0, epoch, acked: false });
+                epoch += 1;
+                since_flush = 0;
                 continue;
             }
         }
@@ -269,6 +295,11 @@ pub trait Target: Send + Sync + 'static {
         let _ = name;
         Box::pin(async { Err("this target takes no snapshots".to_string()) })
     }
+    /// Rolls the volume back to snapshot `name`.
+    fn rollback<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        let _ = name;
+        Box::pin(async { Err("this target takes no snapshots".to_string()) })
+    }
     /// Deletes snapshot `name`.
     fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
         let _ = name;
@@ -306,6 +337,9 @@ impl Target for Volume {
     fn delete_snapshot<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move { Volume::delete_snapshot(self, name).await.map_err(|e| e.to_string()) })
     }
+    fn rollback<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { Volume::rollback(self, name).await.map(|_| ()).map_err(|e| e.to_string()) })
+    }
 }
 
 /// Which of its flushes, snapshots and resizes a trial crashes inside:
@@ -316,10 +350,11 @@ pub(crate) fn pick_cut(rng: &mut SmallRng, planned: &[Planned]) -> Option<usize>
         return None;
     }
     let last = |k: OpKind| planned.iter().rposition(|p| p.op.kind == k);
-    let have: Vec<usize> = [OpKind::Resize, OpKind::Snapshot, OpKind::DeleteSnapshot, OpKind::Flush]
-        .into_iter()
-        .filter_map(last)
-        .collect();
+    let have: Vec<usize> =
+        [OpKind::Resize, OpKind::Snapshot, OpKind::DeleteSnapshot, OpKind::Rollback, OpKind::Flush]
+            .into_iter()
+            .filter_map(last)
+            .collect();
     if have.is_empty() {
         return None;
     }
@@ -351,9 +386,11 @@ pub(crate) async fn drive<T: Target>(
         // overlapping writes at once (NBD leaves those undefined).
         loop {
             let blocked = match op.kind {
-                OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot => {
-                    !ranges.is_empty()
-                }
+                OpKind::Flush
+                | OpKind::Snapshot
+                | OpKind::Resize
+                | OpKind::DeleteSnapshot
+                | OpKind::Rollback => !ranges.is_empty(),
                 _ => ranges.iter().any(|(_, a, b)| *a < op.offset + op.len && op.offset < *b),
             } || ranges.len() >= depth;
             if !blocked {
@@ -376,6 +413,7 @@ pub(crate) async fn drive<T: Target>(
                     OpKind::Snapshot => vol.snapshot(&snapshot_name(op.id)).await.is_ok(),
                     OpKind::Resize => shrink_and_grow(&*vol, op.offset, op.len).await.is_ok(),
                     OpKind::DeleteSnapshot => vol.delete_snapshot(&snapshot_name(op.offset)).await.is_ok(),
+                    OpKind::Rollback => vol.rollback(&snapshot_name(op.offset)).await.is_ok(),
                     OpKind::Write | OpKind::Trim => false,
                 };
                 if ok {
@@ -409,6 +447,11 @@ pub(crate) async fn drive<T: Target>(
             }
             OpKind::DeleteSnapshot => {
                 if vol.delete_snapshot(&snapshot_name(op.offset)).await.is_ok() {
+                    mark(&log2, i);
+                }
+            }
+            OpKind::Rollback => {
+                if vol.rollback(&snapshot_name(op.offset)).await.is_ok() {
                     mark(&log2, i);
                 }
             }
@@ -626,6 +669,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
                 snapshot_checked: false,
                 resized: false,
                 deleted: false,
+                rolled_back: false,
                 violation: Some(Violation::TrialFailed(e)),
             }
         }
@@ -655,6 +699,7 @@ pub fn trial(seed: u64, cfg: &CheckConfig) -> Trial {
         snapshot_checked,
         resized,
         deleted: log.iter().any(|o| o.kind == OpKind::DeleteSnapshot),
+        rolled_back: log.iter().any(|o| o.kind == OpKind::Rollback),
         violation,
     }
 }

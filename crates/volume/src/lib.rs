@@ -98,6 +98,9 @@ pub enum PlantedBug {
     /// (the volume's own among them) read the chunks no later layer
     /// rewrote.
     ReclaimReadChunks,
+    /// A rollback copies the snapshot's chunks over the head in place
+    /// rather than into a new head: a crash leaves a mix.
+    RollbackInPlace,
 }
 
 impl PlantedBug {
@@ -117,6 +120,7 @@ impl PlantedBug {
             "write-into-snapshot" => Some(PlantedBug::WriteIntoSnapshot),
             "grow-keeps-old-data" => Some(PlantedBug::GrowKeepsOldData),
             "reclaim-read-chunks" => Some(PlantedBug::ReclaimReadChunks),
+            "rollback-in-place" => Some(PlantedBug::RollbackInPlace),
             _ => None,
         }
     }

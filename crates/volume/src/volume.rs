@@ -570,7 +570,7 @@ impl Volume {
         self.unused()?;
         let _held = self.engine.freeze().await?;
         let current = blizzard_env::lock(&self.written).clone();
-        crate::snap::stack::rollback(layers, &current, name).await
+        crate::snap::stack::rollback(layers, &current, name, self.planted).await
     }
 
     /// Refuses while anyone uses the volume, naming them.
@@ -617,7 +617,7 @@ impl Volume {
                 PlantedBug::None,
             )
             .await?;
-            crate::snap::stack::rollback(&layers, &sb, name).await
+            crate::snap::stack::rollback(&layers, &sb, name, PlantedBug::None).await
         }
         .await;
         let released = io.release().await;

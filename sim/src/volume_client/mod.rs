@@ -305,7 +305,7 @@ impl VolumeShared {
         };
         s.next_id += 1;
         match p.kind {
-            OpKind::Flush | OpKind::Snapshot | OpKind::Resize => s.epoch += 1,
+            OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::Rollback => s.epoch += 1,
             OpKind::Write | OpKind::Trim => s.inflight += 1,
             OpKind::DeleteSnapshot => {}
         }
@@ -318,7 +318,10 @@ impl VolumeShared {
         if let Some(o) = s.ops.iter_mut().rev().find(|o| o.id == op.id) {
             o.acked = true;
         }
-        if !matches!(op.kind, OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot) {
+        if !matches!(
+            op.kind,
+            OpKind::Flush | OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot | OpKind::Rollback
+        ) {
             s.inflight = s.inflight.saturating_sub(1);
             s.stats.acked_ops += 1;
         }
@@ -642,7 +645,7 @@ impl Life {
                 }
                 // This client's planner takes none (the crash checker's
                 // trials do).
-                OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot => {
+                OpKind::Snapshot | OpKind::Resize | OpKind::DeleteSnapshot | OpKind::Rollback => {
                     return Err("the simulated volume client plans no snapshots or resizes".into())
                 }
                 OpKind::Write | OpKind::Trim => {

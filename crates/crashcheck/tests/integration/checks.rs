@@ -91,13 +91,19 @@ fn snapshots_survive_crashes_and_planted_snapshot_bugs_are_caught() {
     ] {
         let mut cfg = CheckConfig::new(mode, flush);
         cfg.replication = replication;
-        let (mut read_back, mut deleted) = (0, 0);
+        let (mut read_back, mut deleted, mut rolled) = (0, 0, 0);
         for s in seed..seed + trials() {
             let t = trial(s, &cfg);
             assert!(t.violation.is_none(), "{mode:?} seed {s}: {:?}", t.violation);
             read_back += u64::from(t.snapshot_checked);
             deleted += u64::from(t.deleted);
+            rolled += u64::from(t.rolled_back);
         }
+        // (A served log volume refuses rollbacks: its trials take none.)
+        assert!(
+            rolled > 0 || mode == CommitMode::Log,
+            "{mode:?}: no trial rolled back: the test proves nothing"
+        );
         assert!(read_back > 0, "{mode:?}: no trial read a snapshot back: the test proves nothing");
         assert!(deleted > 0, "{mode:?}: no trial deleted a snapshot: the test proves nothing");
     }
@@ -108,6 +114,8 @@ fn snapshots_survive_crashes_and_planted_snapshot_bugs_are_caught() {
         (PlantedBug::ReclaimReadChunks, CommitMode::WriteThrough),
         (PlantedBug::ReclaimReadChunks, CommitMode::FastAck),
         (PlantedBug::ReclaimReadChunks, CommitMode::Log),
+        (PlantedBug::RollbackInPlace, CommitMode::WriteThrough),
+        (PlantedBug::RollbackInPlace, CommitMode::FastAck),
     ] {
         let mut cfg = CheckConfig::new(mode, FlushPolicy::Durable);
         cfg.planted = bug;

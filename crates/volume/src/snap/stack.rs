@@ -436,7 +436,12 @@ pub(crate) async fn delete(
 ///    so a crash leaves the volume as it was; after it, the snapshot.
 ///
 /// Returns the bytes copied into the new head.
-pub(crate) async fn rollback(io: &LayeredIo, sb: &Superblock, name: &str) -> Result<u64, VolumeError> {
+pub(crate) async fn rollback(
+    io: &LayeredIo,
+    sb: &Superblock,
+    name: &str,
+    planted: crate::PlantedBug,
+) -> Result<u64, VolumeError> {
     let missing = || VolumeError::NotFound(format!("{}@{name}", sb.name));
     let r = sb.layers.ok_or_else(missing)?;
     let blob = io.blob().clone();
@@ -507,7 +512,11 @@ pub(crate) async fn rollback(io: &LayeredIo, sb: &Superblock, name: &str) -> Res
                 Some(at) => blob.read(at, off, len).await?,
                 None => Bytes::from(vec![0u8; len as usize]),
             };
-            blob.write(new_base + t - 1, off, data).await?;
+            let into = match planted {
+                crate::PlantedBug::RollbackInPlace => head_base,
+                _ => new_base,
+            };
+            blob.write(into + t - 1, off, data).await?;
             copied += len as u64;
             for c in a..b {
                 bits[c as usize / 8] |= 1 << (c % 8);
