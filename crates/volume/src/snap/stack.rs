@@ -417,6 +417,68 @@ pub(crate) async fn delete(
     Ok(given)
 }
 
+/// Where a frozen head's presence record and the new head go (taking a
+/// snapshot, rolling back): the record after the last one in the records
+/// tract when it fits (a tract slot holds thousands of small records),
+/// else at the blob's end; the new head after everything, at least at
+/// `floor`. The blob is extended for them.
+struct NewHead {
+    record: Vec<u8>,
+    record_at: u64,
+    padded: u64,
+    base: u64,
+}
+
+async fn make_room(
+    blob: &Arc<dyn BlobIo>,
+    cat: &Catalog,
+    s: &Stack,
+    head_base: u64,
+    record: Vec<u8>,
+    floor: u64,
+) -> Result<NewHead, VolumeError> {
+    let ts = blob.tract_size() as u64;
+    let padded = (record.len() as u64).div_ceil(CHUNK_SIZE as u64) * CHUNK_SIZE as u64;
+    let mut next = blob.size_tracts().max(head_base + s.tracts - 1).max(floor);
+    let record_at = match cat.records {
+        Some((t, used)) if used + padded <= ts => t * ts + used,
+        _ => {
+            let at = next * ts;
+            next += padded.div_ceil(ts);
+            at
+        }
+    };
+    blob.extend_to(next + s.tracts - 1).await?;
+    Ok(NewHead { record, record_at, padded, base: next })
+}
+
+/// The catalog with its head frozen (its record at `n.record_at`) and a
+/// new empty head at `n.base` on top, one generation up; returns the new
+/// head's id. Not written: the caller's write of it is the switch.
+fn push_head(cat: &mut Catalog, s: &Stack, head_id: u32, n: &NewHead, ts: u64) -> Result<u32, VolumeError> {
+    let end = n.record_at + n.padded;
+    cat.records = (!end.is_multiple_of(ts)).then_some((end / ts, end % ts));
+    let frozen = cat.layers.len() - 1;
+    cat.layers[frozen].presence = Some((n.record_at, n.record.len() as u64));
+    cat.layers[frozen].tracts = s.tracts - 1;
+    let new_id = head_id + 1;
+    cat.layers.push(Layer { id: new_id, base: n.base, tracts: s.tracts - 1, presence: None, snapshot: None });
+    cat.generation += 1;
+    cat.validate()
+        .map_err(|f| VolumeError::Invalid(format!("the new snapshot catalog breaks a rule ({f})")))?;
+    Ok(new_id)
+}
+
+/// The stack after the switch: the old head (holding `presence`) frozen
+/// under the new one.
+fn stack_after(s: &Stack, head_id: u32, presence: &Presence, new_id: u32, base: u64) -> Stack {
+    let mut view = (*s.frozen).clone();
+    view.push(head_id, presence);
+    let mut bases = s.bases.clone();
+    bases.insert(new_id, base);
+    Stack { head: Some((new_id, base)), frozen: Arc::new(view), bases, tracts: s.tracts }
+}
+
 /// Rolls the volume behind `io` back to snapshot `name` (design 0011,
 /// "Rollback"): the volume then reads exactly as the snapshot does, and
 /// every snapshot stays. The caller has made every acknowledged write
@@ -472,19 +534,8 @@ pub(crate) async fn rollback(
     let snap_view = View::build(cpt, presences.iter().map(|(id, p)| (*id, p)));
     let head = Presence { tracts: io.head_bits().into_iter().collect() };
     // 1. Room.
-    let record = head.encode(head_id, cpt);
-    let padded = (record.len() as u64).div_ceil(CHUNK_SIZE as u64) * CHUNK_SIZE as u64;
-    let mut next = blob.size_tracts().max(head_base + s.tracts - 1);
-    let record_at = match cat.records {
-        Some((t, used)) if used + padded <= ts => t * ts + used,
-        _ => {
-            let at = next * ts;
-            next += padded.div_ceil(ts);
-            at
-        }
-    };
-    let new_base = next;
-    blob.extend_to(new_base + s.tracts - 1).await?;
+    let room = make_room(&blob, &cat, &s, head_base, head.encode(head_id, cpt), 0).await?;
+    let new_base = room.base;
     // 2. The chunks that differ, tract by tract, a run of one source at a
     // time: read from the snapshot's layer (or zeros), written whole.
     let mut restored: std::collections::HashMap<u64, TractBits> = std::collections::HashMap::new();
@@ -527,34 +578,12 @@ pub(crate) async fn rollback(
         }
     }
     // 3. The old head's record.
-    write_record(&blob, record_at, &record).await?;
+    write_record(&blob, room.record_at, &room.record).await?;
     // 4. The switch.
-    let end = record_at + padded;
-    cat.records = (!end.is_multiple_of(ts)).then_some((end / ts, end % ts));
-    let old = cat.layers.len() - 1;
-    cat.layers[old].presence = Some((record_at, record.len() as u64));
-    cat.layers[old].tracts = s.tracts - 1;
-    let new_id = head_id + 1;
-    cat.layers.push(Layer {
-        id: new_id,
-        base: new_base,
-        tracts: s.tracts - 1,
-        presence: None,
-        snapshot: None,
-    });
-    cat.generation += 1;
-    cat.validate()
-        .map_err(|f| VolumeError::Invalid(format!("the new snapshot catalog breaks a rule ({f})")))?;
+    let new_id = push_head(&mut cat, &s, head_id, &room, ts)?;
     write_catalog(&blob, r, &cat).await?;
     // 5. In memory.
-    let mut view = (*s.frozen).clone();
-    view.push(head_id, &head);
-    let mut bases = s.bases.clone();
-    bases.insert(new_id, new_base);
-    io.switch_to_head(
-        Stack { head: Some((new_id, new_base)), frozen: Arc::new(view), bases, tracts: s.tracts },
-        restored,
-    );
+    io.switch_to_head(stack_after(&s, head_id, &head, new_id, new_base), restored);
     Ok(copied)
 }
 
@@ -600,46 +629,16 @@ pub(crate) async fn take(
     } else {
         Presence { tracts: io.head_bits().into_iter().collect() }
     };
-    // 2. Room: the record goes after the last one in the records tract
-    // when it fits (a tract slot holds thousands of small records), else
-    // at the blob's end; the new head after everything.
-    let record = presence.encode(head_id, cpt);
-    let padded = (record.len() as u64).div_ceil(CHUNK_SIZE as u64) * CHUNK_SIZE as u64;
-    let mut next = blob.size_tracts().max(head_base + s.tracts - 1);
-    if first {
-        next = next.max(r.catalog + 2 * r.slot_tracts);
-    }
-    let record_at = match cat.records {
-        Some((t, used)) if used + padded <= ts => t * ts + used,
-        _ => {
-            let at = next * ts;
-            next += padded.div_ceil(ts);
-            at
-        }
-    };
-    let new_base = next;
-    blob.extend_to(new_base + s.tracts - 1).await?;
+    // 2. Room (`make_room`; past the catalog's slots the first time).
+    let floor = if first { r.catalog + 2 * r.slot_tracts } else { 0 };
+    let room = make_room(&blob, &cat, &s, head_base, presence.encode(head_id, cpt), floor).await?;
     // 3. The record.
-    write_record(&blob, record_at, &record).await?;
+    write_record(&blob, room.record_at, &room.record).await?;
     // 4. The catalog (and, the first time, the superblock): the switch.
-    let end = record_at + padded;
-    cat.records = (!end.is_multiple_of(ts)).then_some((end / ts, end % ts));
     let frozen = cat.layers.len() - 1;
-    cat.layers[frozen].presence = Some((record_at, record.len() as u64));
-    cat.layers[frozen].tracts = s.tracts - 1;
     cat.layers[frozen].snapshot =
         Some(SnapInfo { name: name.to_string(), created_unix_s: now_unix_s, size_bytes: sb.size_bytes });
-    let new_id = head_id + 1;
-    cat.layers.push(Layer {
-        id: new_id,
-        base: new_base,
-        tracts: s.tracts - 1,
-        presence: None,
-        snapshot: None,
-    });
-    cat.generation += 1;
-    cat.validate()
-        .map_err(|f| VolumeError::Invalid(format!("the new snapshot catalog breaks a rule ({f})")))?;
+    let new_id = push_head(&mut cat, &s, head_id, &room, ts)?;
     write_catalog(&blob, r, &cat).await?;
     let mut next_sb = sb.clone();
     if first {
@@ -648,10 +647,6 @@ pub(crate) async fn take(
         crate::Volume::write_superblock(&blob, &next_sb).await?;
     }
     // 5. In memory.
-    let mut view = (*s.frozen).clone();
-    view.push(head_id, &presence);
-    let mut bases = s.bases.clone();
-    bases.insert(new_id, new_base);
-    io.switch(Stack { head: Some((new_id, new_base)), frozen: Arc::new(view), bases, tracts: s.tracts });
+    io.switch(stack_after(&s, head_id, &presence, new_id, room.base));
     Ok(next_sb)
 }
